@@ -1,0 +1,4 @@
+from accelmigrate.cli import main
+
+if __name__ == "__main__":
+    main()

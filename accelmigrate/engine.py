@@ -1,0 +1,228 @@
+"""Run codemods over source text and files.
+
+One file: read (encoding, newlines and BOM kept) -> cheap text pre-check ->
+parse -> codemods in their fixed order -> check the result parses -> keep
+black formatting if the input had it -> diff or atomic write -> FileResult.
+A file that fails becomes a FileResult with an error and is never written;
+the others go on.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import os
+import re
+import tokenize
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from accelmigrate.codemods import Codemod, Finding, resolve
+from accelmigrate.codemods._base import ALL_CODES, Suppressions
+from accelmigrate.formatting import black_format, is_black_formatted
+from accelmigrate.sources import InputError, SourceText, read_source, write_atomically
+
+SUPPRESSION_MARK = "accelmigrate:"
+_SKIP = re.compile(r"accelmigrate:\s*skip(?:\[([A-Za-z0-9_,\s]+)\])?")
+
+# Selected codemods with their options; a plain, picklable description so that
+# worker processes can rebuild it.
+Plan = Sequence[tuple[str, Mapping[str, str]]]
+
+
+@dataclasses.dataclass
+class FileResult:
+    path: str
+    original: Optional[str] = None
+    migrated: Optional[str] = None
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    error: Optional[str] = None
+    written: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.error is None and self.migrated is not None and self.migrated != self.original
+
+
+@dataclasses.dataclass
+class Migration:
+    code: str
+    findings: list[Finding]
+
+
+class MigrationError(Exception):
+    """The source cannot be migrated (syntax error); the message names the line."""
+
+
+def suppressions_in(source: str) -> Suppressions:
+    """Lines carrying `# accelmigrate: skip` or `# accelmigrate: skip[CODE,...]`."""
+    if SUPPRESSION_MARK not in source:
+        return {}
+    found: dict[int, Optional[frozenset]] = {}
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.COMMENT:
+                match = _SKIP.search(token.string)
+                if match:
+                    codes = match.group(1)
+                    found[token.start[0]] = (
+                        frozenset(c.strip().upper() for c in codes.split(",") if c.strip()) if codes else ALL_CODES
+                    )
+    except (tokenize.TokenError, SyntaxError):
+        pass  # the parser reports the real problem
+    return found
+
+
+def _classes(plan: Plan) -> list[tuple[type[Codemod], Mapping[str, str]]]:
+    return resolve({word: options for word, options in plan})
+
+
+def _parse(source: str, path: str) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        message = str(error.message).splitlines()[0] if error.message else "invalid syntax"
+        raise MigrationError(f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {message}") from None
+
+
+def _run_one(
+    cls: type[Codemod], options: Mapping[str, str], wrapper: MetadataWrapper, path: str, suppressions: Suppressions
+) -> tuple[cst.Module, list[Finding], bool]:
+    """One codemod over one tree: the new tree, the findings, and whether it
+    changed anything (a codemod changes the tree only where it records a fix).
+    Its failure is a finding, never the file's."""
+    context = CodemodContext(filename=path, wrapper=wrapper)
+    codemod = cls(context, options, suppressions)
+    try:
+        tree = wrapper.visit(codemod)
+        if codemod.imports_changed:
+            tree = AddImportsVisitor(context).transform_module(tree)
+            if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
+                tree = RemoveImportsVisitor(context).transform_module(tree)
+    except Exception as error:  # a bug in one codemod must not cost the others
+        detail = traceback.format_exception_only(type(error), error)[-1].strip()
+        failure = Finding(1, 1, "AM000", f"codemod {cls.word!r} failed and changed nothing: {detail}", False, cls.word)
+        return wrapper.module, [failure], False
+    changed = codemod.imports_changed or any(f.fixed for f in codemod.findings)
+    return tree, codemod.findings, changed
+
+
+def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_only: bool = False) -> Migration:
+    """Apply (or, with `check_only`, only look for) the planned codemods.
+
+    Applying runs them one after the other, each on the previous one's output;
+    metadata is resolved again only when a codemod changed the tree. Checking
+    runs each on the original tree (one shared metadata resolution), so that
+    every finding's position is a position in the user's file.
+    """
+    selected = [(cls, options) for cls, options in _classes(plan) if cls.wants(source)]
+    if not selected:
+        _ensure_valid_syntax(source, path)  # CPython's parser: far cheaper than LibCST's
+        return Migration(source, [])
+    module = _parse(source, path)
+    suppressions = suppressions_in(source)
+    findings: list[Finding] = []
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    changed_any = False
+    for cls, options in selected:
+        tree, found, changed = _run_one(cls, options, wrapper, path, suppressions)
+        findings.extend(found)
+        if changed and not check_only:
+            wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
+            changed_any = True
+    code = wrapper.module.code if changed_any else source
+    return Migration(code, sorted(findings))
+
+
+def _ensure_valid_syntax(source: str, path: str) -> None:
+    try:
+        ast.parse(source)
+    except SyntaxError as error:
+        column = f"{error.offset}:" if error.offset else ""
+        raise MigrationError(f"{path}:{error.lineno}:{column} syntax error: {error.msg}") from None
+
+
+def _ensure_parses(code: str, path: str) -> None:
+    try:
+        ast.parse(code)
+    except SyntaxError as error:
+        raise MigrationError(
+            f"{path}:{error.lineno}: internal error: the migrated code does not parse ({error.msg}); file left unchanged"
+        ) from None
+
+
+def process_file(
+    path: str,
+    plan: Plan,
+    *,
+    check_only: bool = False,
+    write: bool = False,
+    black_config: Optional[Mapping] = None,
+) -> FileResult:
+    result = FileResult(path)
+    try:
+        source = read_source(Path(path))
+        result.original = source.text
+        migration = migrate_source(source.text, plan, path, check_only=check_only)
+        result.findings = migration.findings
+        migrated = migration.code
+        if migrated != source.text:
+            _ensure_parses(migrated, path)
+            if black_config is not None and is_black_formatted(source.text, black_config):
+                migrated = black_format(migrated, black_config)
+        result.migrated = migrated
+        if write and result.changed:
+            write_atomically(Path(path), SourceText(migrated, source.encoding))
+            result.written = True
+    except (InputError, MigrationError) as error:
+        result.error = str(error)
+    except OSError as error:
+        result.error = f"{path}: cannot write: {error.strerror or error}"
+    return result
+
+
+def process_files(
+    paths: Sequence[str],
+    plan: Plan,
+    *,
+    check_only: bool = False,
+    write: bool = False,
+    black_config: Optional[Mapping] = None,
+    jobs: Optional[int] = None,
+    on_done: Optional[Callable[[FileResult], None]] = None,
+) -> list[FileResult]:
+    """Process many files, in worker processes when there are several; results
+    come back in the order of `paths`."""
+    jobs = jobs or os.cpu_count() or 1
+    kwargs = dict(check_only=check_only, write=write, black_config=black_config)
+    results: list[FileResult] = []
+    if jobs <= 1 or len(paths) < 4:
+        for path in paths:
+            results.append(process_file(path, plan, **kwargs))
+            if on_done:
+                on_done(results[-1])
+        return results
+    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
+        chunk = max(1, min(16, len(paths) // (jobs * 8)))
+        for result in pool.map(_process_file_star, [(p, plan, kwargs) for p in paths], chunksize=chunk):
+            results.append(result)
+            if on_done:
+                on_done(result)
+    return results
+
+
+def _process_file_star(job: tuple[str, Plan, dict]) -> FileResult:
+    path, plan, kwargs = job
+    return process_file(path, plan, **kwargs)
+
+
+def plan_of(items: Iterable[tuple[type[Codemod], Mapping[str, str]]]) -> list[tuple[str, dict[str, str]]]:
+    return [(cls.word, dict(options)) for cls, options in items]

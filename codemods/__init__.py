@@ -1,0 +1,108 @@
+"""The registry of codemods: `--to` word -> codemod class, presets and order.
+
+Every module of this package whose name does not start with `_` is a codemod
+module; each defines one `Codemod` subclass. The engine knows no codemod by
+name: it asks this registry.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from typing import Iterable, Mapping, Optional
+
+from ._base import Codemod, Finding
+
+# The fixed order in which codemods run, whatever the order of the --to words,
+# so that any combination gives the same result. A word missing here runs last.
+ORDER = (
+    "workers",
+    "item",
+    "empty-cache",
+    "device",
+    "amp",
+    "ddp",
+    "sync-bn",
+    "accumulate",
+    "batch-scale",
+)
+
+# What `apply` does without --to: the rewrites that never change the arithmetic.
+DEFAULT_WORDS = ("workers", "item", "empty-cache")
+
+
+class UnknownCodemod(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def all_codemods() -> Mapping[str, type[Codemod]]:
+    """Every codemod, by word, in running order."""
+    found: dict[str, type[Codemod]] = {}
+    for module_info in pkgutil.iter_modules(__path__):
+        if module_info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Codemod) and value.__module__ == module.__name__:
+                found[value.word] = value
+    rank = {word: i for i, word in enumerate(ORDER)}
+    return {word: found[word] for word in sorted(found, key=lambda w: (rank.get(w, len(ORDER)), w))}
+
+
+def parse_words(spec: Iterable[str]) -> dict[str, dict[str, str]]:
+    """`["ddp", "accumulate=16"]` or `"ddp,accumulate=16"` -> {word: options}.
+    A `word=value` gives that codemod the option `value`."""
+    if isinstance(spec, str):
+        spec = [spec]
+    selected: dict[str, dict[str, str]] = {}
+    for chunk in spec:
+        for item in str(chunk).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            word, _, value = item.partition("=")
+            options = selected.setdefault(word.strip(), {})
+            if value:
+                options["value"] = value.strip()
+    return selected
+
+
+def resolve(
+    selected: Mapping[str, Mapping[str, str]],
+    extra_options: Optional[Mapping[str, Mapping[str, str]]] = None,
+) -> list[tuple[type[Codemod], dict[str, str]]]:
+    """The codemods to run for the chosen words, with the ones they require,
+    in running order, each with its options (`extra_options` from the config
+    first, then those given with the word)."""
+    registry = all_codemods()
+    wanted: dict[str, dict[str, str]] = {}
+
+    def add(word: str, options: Mapping[str, str]) -> None:
+        if word not in registry:
+            known = ", ".join(registry)
+            raise UnknownCodemod(f"unknown codemod {word!r} (known: {known})")
+        merged = {**(extra_options or {}).get(word, {}), **wanted.get(word, {}), **options}
+        wanted[word] = merged
+        for needed in registry[word].requires:
+            if needed not in wanted:
+                add(needed, {})
+
+    for word, options in selected.items():
+        add(word, options)
+    return [(cls, wanted[word]) for word, cls in registry.items() if word in wanted]
+
+
+def find(code_or_word: str) -> Optional[type[Codemod]]:
+    """The codemod with this word or finding code."""
+    registry = all_codemods()
+    if code_or_word in registry:
+        return registry[code_or_word]
+    for cls in registry.values():
+        if code_or_word.upper() in cls.codes:
+            return cls
+    return None
+
+
+__all__ = ["Codemod", "DEFAULT_WORDS", "Finding", "ORDER", "UnknownCodemod", "all_codemods", "find", "parse_words", "resolve"]

@@ -1,0 +1,244 @@
+"""What every codemod shares: the `Codemod` base class, the `Finding` type and
+matchers by qualified name.
+
+A codemod is a LibCST transformer that either rewrites a node and records a
+fixed Finding, or leaves the node alone and records an unfixed Finding that
+tells the user what to do by hand. The engine runs it through a
+`MetadataWrapper`, so `self.get_metadata(...)` works for everything listed in
+`METADATA_DEPENDENCIES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Collection, Iterable, Mapping, Optional, Sequence, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext, ContextAwareTransformer
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
+
+ALL_CODES = None  # a `# accelmigrate: skip` without [CODES] silences every code
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Finding:
+    """One thing a codemod saw. `fixed`: apply rewrote it (or, in check mode, can)."""
+
+    line: int  # 1-based
+    column: int  # 1-based, the same in every mode
+    code: str
+    message: str
+    fixed: bool
+    word: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# line number -> the codes silenced on it (ALL_CODES for every code)
+Suppressions = Mapping[int, Optional[frozenset]]
+
+
+class Codemod(ContextAwareTransformer):
+    """Base class of every codemod. Subclasses set the class attributes below."""
+
+    word: ClassVar[str]  # the --to word
+    codes: ClassVar[Mapping[str, str]]  # finding code -> one-line title
+    summary: ClassVar[str]
+    requires: ClassVar[Sequence[str]] = ()  # words that must run first
+    # The file is parsed for this codemod only when one of these substrings
+    # occurs in its text. Choose them so that no possible match is missed:
+    # every spelling of what the codemod matches must contain one of them.
+    triggers: ClassVar[Sequence[str]]
+
+    METADATA_DEPENDENCIES = (PositionProvider, QualifiedNameProvider, ParentNodeProvider)
+
+    def __init__(
+        self,
+        context: CodemodContext,
+        options: Optional[Mapping[str, str]] = None,
+        suppressions: Optional[Suppressions] = None,
+    ) -> None:
+        super().__init__(context)
+        self.options = dict(options or {})
+        self.suppressions = suppressions or {}
+        self.findings: list[Finding] = []
+        self.imports_changed = False
+
+    # -- class-level helpers used by the engine -----------------------------
+
+    @classmethod
+    def wants(cls, source: str) -> bool:
+        """The cheap pre-check: could this file contain anything for us?"""
+        return any(trigger in source for trigger in cls.triggers)
+
+    # -- findings ------------------------------------------------------------
+
+    def is_suppressed(self, node: cst.CSTNode, code: str) -> bool:
+        """`# accelmigrate: skip` (or `skip[CODE,...]`) on any line of the node."""
+        if not self.suppressions:
+            return False
+        where = self.get_metadata(PositionProvider, node)
+        for line in range(where.start.line, where.end.line + 1):
+            if line in self.suppressions:
+                codes = self.suppressions[line]
+                if codes is ALL_CODES or code in codes:
+                    return True
+        return False
+
+    def report(self, node: cst.CSTNode, code: str, message: str, fixed: bool = False) -> bool:
+        """Record a finding at `node`. Returns False (and records nothing) when the
+        user suppressed it, in which case the caller must leave the node alone."""
+        assert code in self.codes, f"{self.word}: undeclared finding code {code}"
+        if self.is_suppressed(node, code):
+            return False
+        start = self.get_metadata(PositionProvider, node).start
+        self.findings.append(Finding(start.line, start.column + 1, code, message, fixed, self.word))
+        return True
+
+    def fix(self, node: cst.CSTNode, code: str, message: str) -> bool:
+        """Record a fix at `node`; False when suppressed (then do not rewrite)."""
+        return self.report(node, code, message, fixed=True)
+
+    # -- imports -------------------------------------------------------------
+
+    def add_import(self, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
+        """Schedule `import module` / `from module import obj`; the engine applies it."""
+        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+        self.imports_changed = True
+
+    # -- matching by meaning -------------------------------------------------
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+
+    def is_qualified(self, node: cst.CSTNode, names: Collection[str]) -> bool:
+        """True when `node` (a Name, Attribute or Call's func) refers to one of `names`."""
+        return not self.qualified_names(node).isdisjoint(names)
+
+    def is_call_to(self, node: cst.CSTNode, names: Collection[str]) -> bool:
+        return isinstance(node, cst.Call) and self.is_qualified(node.func, names)
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+        current = self.parent(node)
+        while current is not None:
+            yield current
+            current = self.parent(current)
+
+    def innermost_loop(self, node: cst.CSTNode) -> Optional[Union[cst.For, cst.While]]:
+        """The loop whose body runs `node` repeatedly, within the same function.
+
+        A node in a loop's `else:` or in its iterable is not repeated by it, and a
+        function or class defined inside a loop body is a new scope, not a loop
+        body of its own."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return None
+            if isinstance(ancestor, (cst.For, cst.While)) and child is ancestor.body:
+                return ancestor
+            child = ancestor
+        return None
+
+
+# -- small syntax helpers shared by codemods ----------------------------------
+
+
+def keyword_arg(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    """The `name=...` argument of `call`, if given."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def has_star_args(call: cst.Call) -> bool:
+    """`f(*args)` or `f(**kwargs)`: what the call passes cannot be seen."""
+    return any(arg.star in ("*", "**") for arg in call.args)
+
+
+def append_keyword_args(call: cst.Call, new_args: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
+    """Add `name=value` arguments at the end of a call, following its layout:
+    one per line when the call already puts one argument per line."""
+    args = list(call.args)
+    multiline = len(args) > 0 and _is_one_per_line(args)
+    trailing_comma = bool(args) and args[-1].comma != cst.MaybeSentinel.DEFAULT
+    last_comma = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+    if args:
+        inner_comma = args[0].comma if len(args) > 1 else None
+        if multiline and isinstance(last_comma, cst.Comma):
+            between = last_comma
+        elif inner_comma is not None and isinstance(inner_comma, cst.Comma):
+            between = inner_comma
+        else:
+            between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        args[-1] = args[-1].with_changes(comma=between)
+    additions = []
+    for i, (name, value) in enumerate(new_args):
+        is_last = i == len(new_args) - 1
+        arg = cst.Arg(
+            value=value,
+            keyword=cst.Name(name),
+            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        )
+        if not is_last:
+            arg = arg.with_changes(comma=between if args else cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        elif trailing_comma:
+            arg = arg.with_changes(comma=last_comma)
+        additions.append(arg)
+    return call.with_changes(args=[*args, *additions])
+
+
+def _is_one_per_line(args: Sequence[cst.Arg]) -> bool:
+    comma = args[-1].comma
+    if not isinstance(comma, cst.Comma):
+        comma = args[0].comma if len(args) > 1 else None
+    return isinstance(comma, cst.Comma) and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+
+
+def remove_statements(
+    body: Sequence[cst.BaseStatement], doomed: Collection[cst.CSTNode]
+) -> list[cst.BaseStatement]:
+    """`body` without the statements in `doomed` (original nodes, matched by
+    identity), keeping the comment lines above a removed statement on the
+    statement that follows it, and leaving a `pass` when nothing would remain."""
+    kept: list[cst.BaseStatement] = []
+    carried: list[cst.EmptyLine] = []
+    for statement in body:
+        if statement in doomed:
+            carried.extend(getattr(statement, "leading_lines", ()))
+            continue
+        if carried and hasattr(statement, "leading_lines"):
+            statement = statement.with_changes(leading_lines=[*carried, *statement.leading_lines])
+            carried = []
+        kept.append(statement)
+    if not kept:
+        kept.append(cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried))
+    elif carried and not any(line.comment for line in carried):
+        pass  # only blank lines were left over after the last statement
+    elif carried:
+        kept.append(cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried))
+    return kept
+
+
+def is_name(node: cst.CSTNode, value: Optional[str] = None) -> bool:
+    return isinstance(node, cst.Name) and (value is None or node.value == value)
+
+
+__all__ = [
+    "ALL_CODES",
+    "Codemod",
+    "Finding",
+    "Suppressions",
+    "append_keyword_args",
+    "has_star_args",
+    "is_name",
+    "keyword_arg",
+    "m",
+    "remove_statements",
+]
