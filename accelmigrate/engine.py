@@ -100,8 +100,8 @@ def _run_one(
     changed anything (a codemod changes the tree only where it records a fix).
     Its failure is a finding, never the file's."""
     context = CodemodContext(filename=path, wrapper=wrapper)
-    codemod = cls(context, options, suppressions)
     try:
+        codemod = cls(context, options, suppressions)
         tree = wrapper.visit(codemod)
         if codemod.imports_changed:
             tree = AddImportsVisitor(context).transform_module(tree)

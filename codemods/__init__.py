@@ -33,7 +33,7 @@ DEFAULT_WORDS = ("workers", "item", "empty-cache")
 
 
 class UnknownCodemod(ValueError):
-    pass
+    """A --to word that names no codemod, or options that a codemod rejects."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +91,11 @@ def resolve(
 
     for word, options in selected.items():
         add(word, options)
+    for word, options in wanted.items():
+        try:
+            registry[word].check_options(options)
+        except ValueError as error:
+            raise UnknownCodemod(f"{word}: {error}") from None
     return [(cls, wanted[word]) for word, cls in registry.items() if word in wanted]
 
 

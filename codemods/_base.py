@@ -70,6 +70,11 @@ class Codemod(ContextAwareTransformer):
     # -- class-level helpers used by the engine -----------------------------
 
     @classmethod
+    def check_options(cls, options: Mapping[str, str]) -> None:
+        """Raise ValueError with a message for the user when `options` (from
+        `--to word=value` or the config) make no sense for this codemod."""
+
+    @classmethod
     def wants(cls, source: str) -> bool:
         """The cheap pre-check: could this file contain anything for us?"""
         return any(trigger in source for trigger in cls.triggers)
