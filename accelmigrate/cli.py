@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import click
 
 from accelmigrate import __version__
-from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, find, parse_words, resolve
+from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, find, parse_words, resolve, words_without_values
 from accelmigrate.config import Config, ConfigError, common_start, load_config
 from accelmigrate.engine import FileResult, plan_of, process_files
 from accelmigrate.report import Reporter
@@ -120,12 +120,12 @@ def apply(paths, exclude, jobs, output_format, words, dry_run) -> None:
 
 @main.command(epilog=EXIT_CODES_HELP)
 @with_common_options
-@click.option("--to", "words", metavar="WORDS", help="Only these codemods (default: all).")
+@click.option("--to", "words", metavar="WORDS", help="Only these codemods (default: every codemod that needs no =value).")
 def check(paths, exclude, jobs, output_format, words) -> None:
     """Report findings in PATHS without writing anything (for CI and pre-commit)."""
     reporter = Reporter()
     config = _config_for(paths)
-    plan = _plan(words, config, list(all_codemods()))
+    plan = _plan(words, config, words_without_values())
     files = _files(paths, exclude, config)
     results = _run(files, plan, reporter, jobs=jobs, check_only=True)
     if output_format == "json":

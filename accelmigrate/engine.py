@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import io
 import os
 import re
@@ -116,30 +117,42 @@ def _run_one(
 
 
 def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_only: bool = False) -> Migration:
-    """Apply (or, with `check_only`, only look for) the planned codemods.
-
-    Applying runs them one after the other, each on the previous one's output;
-    metadata is resolved again only when a codemod changed the tree. Checking
-    runs each on the original tree (one shared metadata resolution), so that
-    every finding's position is a position in the user's file.
+    """Apply the planned codemods one after the other, each on the previous
+    one's output (so `amp` sees the device binding that `device` added).
+    Metadata is resolved again only after a codemod changed the tree. Every
+    finding's position is a position in `source`, whatever ran before.
+    With `check_only`, the findings are the same and the code stays `source`.
     """
     selected = [(cls, options) for cls, options in _classes(plan) if cls.wants(source)]
     if not selected:
         _ensure_valid_syntax(source, path)  # CPython's parser: far cheaper than LibCST's
         return Migration(source, [])
-    module = _parse(source, path)
+    wrapper = MetadataWrapper(_parse(source, path), unsafe_skip_copy=True)
+    stage = source  # the code the next codemod sees
     suppressions = suppressions_in(source)
     findings: list[Finding] = []
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    changed_any = False
     for cls, options in selected:
         tree, found, changed = _run_one(cls, options, wrapper, path, suppressions)
-        findings.extend(found)
-        if changed and not check_only:
+        findings.extend(found if stage is source else _in_original_lines(found, stage, source))
+        if changed:
             wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
-            changed_any = True
-    code = wrapper.module.code if changed_any else source
-    return Migration(code, sorted(findings))
+            stage = tree.code
+            suppressions = suppressions_in(stage)  # the comments moved with their lines
+    return Migration(source if check_only else stage, sorted(findings))
+
+
+def _in_original_lines(findings: list[Finding], stage: str, original: str) -> list[Finding]:
+    """Findings positioned in an intermediate version of the file, moved to the
+    matching lines of the original (a line that an earlier codemod inserted
+    maps to the original line where it was inserted)."""
+    if not findings:
+        return findings
+    before, after = original.splitlines(), stage.splitlines()
+    to_original: dict[int, int] = {}
+    for _, i1, i2, j1, j2 in difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes():
+        for offset in range(j2 - j1):
+            to_original[j1 + offset + 1] = min(i1 + offset, max(i1, i2 - 1), max(len(before) - 1, 0)) + 1
+    return [dataclasses.replace(f, line=to_original.get(f.line, f.line)) for f in findings]
 
 
 def _ensure_valid_syntax(source: str, path: str) -> None:

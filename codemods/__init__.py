@@ -51,6 +51,18 @@ def all_codemods() -> Mapping[str, type[Codemod]]:
     return {word: found[word] for word in sorted(found, key=lambda w: (rank.get(w, len(ORDER)), w))}
 
 
+def words_without_values() -> list[str]:
+    """The codemods that run without a `=value` (what `check` runs by default)."""
+    usable = []
+    for word, cls in all_codemods().items():
+        try:
+            cls.check_options({})
+        except ValueError:
+            continue
+        usable.append(word)
+    return usable
+
+
 def parse_words(spec: Iterable[str]) -> dict[str, dict[str, str]]:
     """`["ddp", "accumulate=16"]` or `"ddp,accumulate=16"` -> {word: options}.
     A `word=value` gives that codemod the option `value`."""
@@ -110,4 +122,4 @@ def find(code_or_word: str) -> Optional[type[Codemod]]:
     return None
 
 
-__all__ = ["Codemod", "DEFAULT_WORDS", "Finding", "ORDER", "UnknownCodemod", "all_codemods", "find", "parse_words", "resolve"]
+__all__ = ["Codemod", "DEFAULT_WORDS", "Finding", "ORDER", "UnknownCodemod", "all_codemods", "find", "parse_words", "resolve", "words_without_values"]

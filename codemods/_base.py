@@ -169,41 +169,36 @@ def has_star_args(call: cst.Call) -> bool:
 
 def append_keyword_args(call: cst.Call, new_args: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
     """Add `name=value` arguments at the end of a call, following its layout:
-    one per line when the call already puts one argument per line."""
+    the separator the call already uses between its arguments (one argument per
+    line stays one per line), and its trailing comma and closing parenthesis."""
     args = list(call.args)
-    multiline = len(args) > 0 and _is_one_per_line(args)
-    trailing_comma = bool(args) and args[-1].comma != cst.MaybeSentinel.DEFAULT
-    last_comma = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+    between = _argument_separator(call)
+    trailing = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
+    closing = args[-1].whitespace_after_arg if args else cst.SimpleWhitespace("")  # before `)`
     if args:
-        inner_comma = args[0].comma if len(args) > 1 else None
-        if multiline and isinstance(last_comma, cst.Comma):
-            between = last_comma
-        elif inner_comma is not None and isinstance(inner_comma, cst.Comma):
-            between = inner_comma
-        else:
-            between = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        args[-1] = args[-1].with_changes(comma=between)
-    additions = []
+        args[-1] = args[-1].with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
     for i, (name, value) in enumerate(new_args):
         is_last = i == len(new_args) - 1
-        arg = cst.Arg(
-            value=value,
-            keyword=cst.Name(name),
-            equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+        args.append(
+            cst.Arg(
+                value=value,
+                keyword=cst.Name(name),
+                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+                comma=trailing if is_last else between,
+                whitespace_after_arg=closing if is_last else cst.SimpleWhitespace(""),
+            )
         )
-        if not is_last:
-            arg = arg.with_changes(comma=between if args else cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        elif trailing_comma:
-            arg = arg.with_changes(comma=last_comma)
-        additions.append(arg)
-    return call.with_changes(args=[*args, *additions])
+    return call.with_changes(args=args)
 
 
-def _is_one_per_line(args: Sequence[cst.Arg]) -> bool:
-    comma = args[-1].comma
-    if not isinstance(comma, cst.Comma):
-        comma = args[0].comma if len(args) > 1 else None
-    return isinstance(comma, cst.Comma) and isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+def _argument_separator(call: cst.Call) -> cst.Comma:
+    """The comma (and the whitespace after it) that separates the call's arguments."""
+    args = call.args
+    if len(args) > 1 and isinstance(args[0].comma, cst.Comma):
+        return args[0].comma
+    if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+        return cst.Comma(whitespace_after=call.whitespace_before_args)  # `f(\n    a\n)`
+    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
 def remove_statements(

@@ -1,0 +1,415 @@
+"""`accelmigrate run`: launch a script on one or many processes through torchrun.
+
+    accelmigrate run train.py --nproc-per-node 4 -- --lr 0.1
+    accelmigrate run train.py --nnodes 2 --rdzv-endpoint node01:29500   # on each node
+    accelmigrate run --slurm-script job.sbatch --nodes 2 --gpus-per-node 4 train.py -- --lr 0.1
+
+The launcher is torchrun itself (`torch.distributed.run`, called in this
+process): `torchrun_args` only builds its argument list. On one machine the
+processes meet on the loopback interface at a port the rendezvous store picks
+when it binds (`127.0.0.1:0`), so two launches never race for a port.
+
+Each process runs the script through this module's `__main__` block
+(`torchrun --module accelmigrate.runner SCRIPT ARGS`), which behaves like
+`python SCRIPT ARGS` and, when the script raises, writes torchrun's error file
+(`TORCHELASTIC_ERROR_FILE`): the launcher then knows which rank failed, with
+which exit code and traceback, and prints it at the end, after the processes'
+own output.
+
+`--nproc-per-node auto` (the default) starts one process per GPU (per
+accelerator device), and one process on a machine without any: several
+processes on the same CPU cores only share them.
+
+Torch is imported only when a launch happens, never to build arguments.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Mapping, Optional, Sequence
+
+import click
+
+from . import slurm
+
+RANK_ENTRY = "accelmigrate.runner"
+LOCAL_ENDPOINT = "127.0.0.1:0"
+_PRECISE_TIME = "accelmigrate_time_ns"
+_SIGNAL_HINTS = {
+    "SIGKILL": " (often the kernel's out-of-memory killer)",
+    "SIGTERM": " (torchrun stops the other ranks once one has failed)",
+}
+
+
+class LaunchError(ValueError):
+    """The options do not describe a launch torchrun can make."""
+
+
+# --- arguments ---------------------------------------------------------------------
+
+
+def torchrun_args(
+    script: str,
+    script_args: Sequence[str] = (),
+    *,
+    nproc_per_node: int,
+    nnodes: str = "1",
+    node_rank: Optional[int] = None,
+    rdzv_endpoint: Optional[str] = None,
+    rdzv_id: Optional[str] = None,
+    max_restarts: int = 0,
+    entry_module: Optional[str] = RANK_ENTRY,
+) -> list[str]:
+    """The argument list for `torch.distributed.run` (torchrun).
+
+    One node without an endpoint: c10d rendezvous on loopback, free port.
+    Several nodes: c10d rendezvous at `rdzv_endpoint` (the first node), or,
+    when `node_rank` is given, torchrun's static rendezvous with `rdzv_endpoint`
+    as the address of node 0 and this node's fixed rank.
+    """
+    if nproc_per_node < 1:
+        raise LaunchError(f"--nproc-per-node must be at least 1, not {nproc_per_node}")
+    max_nodes = _max_nodes(nnodes)
+    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)]
+    if rdzv_endpoint is None:
+        if max_nodes > 1:
+            raise LaunchError("a launch on several nodes needs --rdzv-endpoint HOST:PORT (the first node's address)")
+        if node_rank not in (None, 0):
+            raise LaunchError(f"--node-rank {node_rank} on a single node: only rank 0 exists")
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", LOCAL_ENDPOINT, "--rdzv-id", rdzv_id or "local"]
+    elif node_rank is not None:
+        if not 0 <= node_rank < max_nodes:
+            raise LaunchError(f"--node-rank {node_rank} is outside 0..{max_nodes - 1}")
+        args += ["--rdzv-backend", "static", "--rdzv-endpoint", rdzv_endpoint, "--node-rank", str(node_rank)]
+    else:
+        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id or "accelmigrate"]
+    args += ["--max-restarts", str(max_restarts)]
+    if entry_module:
+        args += ["--module", entry_module]
+    return args + [script, *script_args]
+
+
+def _max_nodes(nnodes: str) -> int:
+    """torchrun's `N` or elastic `MIN:MAX`."""
+    parts = str(nnodes).split(":")
+    try:
+        bounds = [int(part) for part in parts]
+    except ValueError:
+        bounds = []
+    if len(bounds) not in (1, 2) or min(bounds) < 1 or bounds[0] > bounds[-1]:
+        raise LaunchError(f"--nnodes {nnodes!r}: expected N or MIN:MAX")
+    return bounds[-1]
+
+
+def processes_per_node(spec: str) -> int:
+    """`auto`: one per accelerator device (GPU), else 1; or the number given."""
+    if spec != "auto":
+        try:
+            return int(spec)
+        except ValueError:
+            raise LaunchError(f"--nproc-per-node {spec!r}: expected a number or `auto`") from None
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():
+        return max(1, accelerator.device_count())
+    if torch.cuda.is_available():
+        return max(1, torch.cuda.device_count())
+    return 1
+
+
+# --- launching and reporting -----------------------------------------------------
+
+
+def launch(argv: Sequence[str]) -> int:
+    """Run torchrun in this process; the exit code for `accelmigrate run`."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(list(argv))
+    try:
+        run(args)
+    except ChildFailedError as error:
+        root_rank = first_failure(error.failures)
+        report_failures(error.failures, root_rank, several_nodes=_max_nodes(args.nnodes) > 1)
+        return exit_code_of(error.failures[root_rank].exitcode)
+    except SignalException as error:
+        click.echo(f"accelmigrate run: stopped by {error.sigval.name}", err=True)
+        return 128 + int(error.sigval)
+    return 0
+
+
+def first_failure(failures: Mapping[int, Any]) -> int:
+    """The rank that failed first. torchrun's own choice compares timestamps in
+    whole seconds, so a rank that merely lost its peer often ties with the one
+    that raised; the error files written by `run_rank` carry nanoseconds."""
+
+    def when(rank: int):
+        failure = failures[rank]
+        message = failure.message if isinstance(failure.message, dict) else {}
+        precise = message.get("extraInfo", {}).get(_PRECISE_TIME)
+        # a rank without a traceback (a signal) is rarely the cause: after those with one
+        return (precise is None, int(precise or 0), failure.timestamp, rank)
+
+    return min(failures, key=when)
+
+
+def exit_code_of(process_exit_code: int) -> int:
+    """A shell's convention: a process killed by signal N gives 128 + N."""
+    if process_exit_code > 0:
+        return process_exit_code
+    if process_exit_code < 0:
+        return 128 - process_exit_code
+    return 1
+
+
+def report_failures(failures: Mapping[int, Any], root_rank: int, several_nodes: bool = False) -> None:
+    """Print which rank failed first, with its exit code and traceback, then the
+    others (usually the ranks torchrun stopped once the first one failed)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    root = failures[root_rank]
+    host = socket.gethostname()
+    console.print()
+    console.print(
+        Text(
+            f"rank {root_rank} failed first (local rank {root.local_rank} on {host}): {_exit_text(root)}",
+            style="bold red",
+        )
+    )
+    console.print(Text(_traceback_text(root)))
+    for rank, failure in sorted(failures.items()):
+        if rank != root_rank:
+            last_line = _traceback_text(failure).strip().splitlines()[-1:] or [""]
+            console.print(
+                Text(f"rank {rank} also ended ({_exit_text(failure)}): {last_line[0]}".rstrip(": "), style="red")
+            )
+    if several_nodes:
+        console.print("(each node sees only its own ranks: the cause may be in another node's output)")
+
+
+def _exit_text(failure: Any) -> str:
+    text = f"exit code {failure.exitcode}"
+    if failure.exitcode < 0:
+        text += f", {failure.signal_name()}"
+    return text
+
+
+def _traceback_text(failure: Any) -> str:
+    """The traceback the rank wrote to its error file, or what torchrun knows."""
+    message = failure.message
+    if isinstance(message, dict):
+        extra = message.get("extraInfo", {})
+        return str(extra.get("py_callstack") or message.get("message") or "")
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}" + _SIGNAL_HINTS.get(failure.signal_name(), "")
+    return "no Python traceback: the process exited without raising (sys.exit or a crash); see its output above"
+
+
+# --- one rank --------------------------------------------------------------------
+
+
+def run_rank(script: str, script_args: Sequence[str]) -> None:
+    """Run SCRIPT as `python SCRIPT ARGS` would, inside a process torchrun started.
+
+    When the script raises, its traceback (from the script's own frame on) goes
+    to the error file torchrun reads and to stderr, prefixed by the rank as
+    torch.distributed prints it, and the process exits with code 1.
+    """
+    faulthandler.enable(all_threads=True)  # what torchrun's error handler does for a crash
+    path = os.path.abspath(script)
+    sys.argv = [script, *script_args]
+    sys.path[0] = os.path.dirname(path)  # as for `python SCRIPT`: the script's folder, not ours
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except Exception as error:  # SystemExit and KeyboardInterrupt keep their usual meaning
+        error.__traceback__ = _from_frame_of(path, error.__traceback__)
+        _write_error_file(error)
+        _print_with_rank(traceback.format_exception(error))
+        sys.exit(1)
+
+
+def _write_error_file(error: BaseException) -> None:
+    """torchrun's error file, in the shape its ErrorHandler writes, plus the
+    time in nanoseconds (see `first_failure`)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time_ns()
+    data = {
+        "message": {
+            "message": f"{type(error).__name__}: {error}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(error)),
+                "timestamp": str(now // 1_000_000_000),
+                _PRECISE_TIME: str(now),
+            },
+        }
+    }
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+
+
+def _from_frame_of(path: str, tb):
+    """Drop the launcher's own frames (this module, runpy) from a traceback."""
+    start = tb
+    while start is not None and os.path.abspath(start.tb_frame.f_code.co_filename) != path:
+        start = start.tb_next
+    return start
+
+
+def _print_with_rank(lines: Sequence[str]) -> None:
+    prefix = f"[rank{os.environ.get('RANK', '?')}]: "
+    text = "".join(lines)
+    sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip("\n").split("\n")))
+    sys.stderr.flush()
+
+
+# --- the command -----------------------------------------------------------------
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "help_option_names": ["-h", "--help"]},
+)
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--nproc-per-node",
+    default="auto",
+    show_default=True,
+    help="Processes on this node: a number, or `auto` (one per GPU, 1 without).",
+)
+@click.option("--nnodes", default=None, help="Nodes in the launch: N or MIN:MAX (default 1, or SLURM's step nodes).")
+@click.option(
+    "--node-rank", type=int, default=None, help="This node's fixed rank (static rendezvous at --rdzv-endpoint)."
+)
+@click.option(
+    "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="Where the nodes meet: the first node's address."
+)
+@click.option("--rdzv-id", default=None, help="Rendezvous id shared by all nodes of one launch.")
+@click.option(
+    "--max-restarts", type=int, default=0, show_default=True, help="Restarts of the whole group after a failure."
+)
+@click.option(
+    "--slurm-script",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write an sbatch script for SCRIPT instead of launching.",
+)
+@click.option("--nodes", type=int, default=None, help="[--slurm-script] nodes to ask for (default --nnodes, else 1).")
+@click.option(
+    "--gpus-per-node",
+    type=int,
+    default=None,
+    help="[--slurm-script] GPUs per node (default --nproc-per-node, else 1; 0: none).",
+)
+@click.option("--time", "time_limit", default=None, help="[--slurm-script] time limit, e.g. 04:00:00.")
+@click.option("--partition", default=None, help="[--slurm-script] partition.")
+@click.option("--account", default=None, help="[--slurm-script] account.")
+@click.option("--job-name", default=None, help="[--slurm-script] job name (default: the script's name).")
+@click.option("--cpus-per-task", type=int, default=None, help="[--slurm-script] CPUs for each node's task.")
+def run_command(
+    script,
+    script_args,
+    nproc_per_node,
+    nnodes,
+    node_rank,
+    rdzv_endpoint,
+    rdzv_id,
+    max_restarts,
+    slurm_script,
+    nodes,
+    gpus_per_node,
+    time_limit,
+    partition,
+    account,
+    job_name,
+    cpus_per_task,
+):
+    """Launch SCRIPT on one or many processes through torchrun.
+
+    Options go before `--`; everything after it goes to the script. Inside a
+    SLURM allocation of several nodes, start it once per node
+    (`srun --ntasks-per-node=1 accelmigrate run ...`): the number of nodes and
+    the rendezvous come from SLURM's environment.
+    """
+    try:
+        if slurm_script:
+            job = slurm.BatchJob(
+                nodes=nodes or (_max_nodes(nnodes) if nnodes else 1),
+                gpus_per_node=gpus_per_node if gpus_per_node is not None else _number_or(nproc_per_node, 1),
+                nproc_per_node=_number_or(nproc_per_node, None),
+                time=time_limit,
+                partition=partition,
+                account=account,
+                job_name=job_name,
+                cpus_per_task=cpus_per_task,
+                max_restarts=max_restarts,
+            )
+            _write_sbatch(slurm_script, slurm.sbatch_script(script, script_args, job, sys.executable))
+            return
+        _reject_batch_only_options(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            time=time_limit,
+            partition=partition,
+            account=account,
+            job_name=job_name,
+            cpus_per_task=cpus_per_task,
+        )
+        if nnodes is None and rdzv_endpoint is None:
+            placement = slurm.placement_from_env(os.environ)
+            if placement:
+                nnodes, rdzv_endpoint, rdzv_id = (
+                    str(placement.nnodes),
+                    placement.rdzv_endpoint,
+                    rdzv_id or placement.rdzv_id,
+                )
+        argv = torchrun_args(
+            script,
+            script_args,
+            nproc_per_node=processes_per_node(nproc_per_node),
+            nnodes=nnodes or "1",
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_id=rdzv_id,
+            max_restarts=max_restarts,
+        )
+    except (LaunchError, slurm.SlurmError) as error:
+        raise click.UsageError(str(error)) from None
+    sys.exit(launch(argv))
+
+
+def _number_or(spec: str, default):
+    return int(spec) if str(spec).isdigit() else default
+
+
+def _reject_batch_only_options(**given) -> None:
+    used = [name.replace("_", "-") for name, value in given.items() if value is not None]
+    if used:
+        raise LaunchError(f"--{', --'.join(used)}: only with --slurm-script (they describe the batch job)")
+
+
+def _write_sbatch(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(path, 0o755)
+    click.echo(f"wrote {path}; submit it with: sbatch {path}")
+
+
+if __name__ == "__main__":
+    # torchrun --module accelmigrate.runner SCRIPT ARGS: one rank of a launch.
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m accelmigrate.runner SCRIPT [ARGS...] (started by `accelmigrate run`)")
+    run_rank(sys.argv[1], sys.argv[2:])

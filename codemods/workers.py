@@ -1,0 +1,707 @@
+"""workers: load batches in worker processes, with pinned memory.
+
+What it does
+    Gives every `torch.utils.data.DataLoader(...)` call (however it is
+    imported or aliased) that has no `num_workers`, or `num_workers=0`
+    (by keyword or as the sixth positional argument):
+
+    - `num_workers=default_num_workers()`: the CPU cores this process may run
+      on, divided among the processes of the launch on this machine
+      (torchrun's LOCAL_WORLD_SIZE), at least 1, at most 8
+      (`accelmigrate.runtime.data`). Option `max_workers` (or `workers=N`)
+      sets another cap; `max_workers=none` removes it;
+    - `pin_memory=torch.cuda.is_available()`, unless the call sets pin_memory;
+    - `persistent_workers=True`, unless the call sets persistent_workers.
+
+    Training, evaluation and test loaders alike; at module level, in
+    functions and in methods.
+
+Why
+    With `num_workers=0` the training loop stops at every batch to read,
+    decode and augment its samples on one core while the model waits.
+    Worker processes prepare the next batches on the other cores at the same
+    time. Pinned (page-locked) host memory lets the copy to the GPU run
+    asynchronously and faster. Persistent workers are started once instead
+    of once per epoch (each start makes the processes and copies the
+    dataset into them).
+    Sizing the count from the cores of this process, not the machine, keeps
+    it right when the script later runs as several DDP processes per node.
+
+Example
+    Before::
+
+        loader = DataLoader(
+            train_set,
+            batch_size=64,
+            shuffle=True,
+        )
+
+    After::
+
+        from accelmigrate.runtime.data import default_num_workers
+
+        loader = DataLoader(
+            train_set,
+            batch_size=64,
+            shuffle=True,
+            num_workers=default_num_workers(),
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=True,
+        )
+
+Left alone (with a finding that says what to do)
+    - AM102: a call with `**kwargs` or `*args`, which may already carry these
+      arguments.
+    - AM103: an IterableDataset defined in this file (or torch's ChainDataset,
+      a DataPipe) that does not call `get_worker_info()`: every worker would
+      yield the whole stream, so each item would come once per worker.
+    - AM104: a loader built while the script runs (at module level, or in a
+      function that module-level code calls) in a file without an
+      `if __name__ == "__main__":` guard. Where workers are spawned instead of
+      forked (macOS, Windows, and Linux from Python 3.14, whose default is
+      forkserver) each worker re-imports the script, re-runs it and fails.
+      Add the guard and run the codemod again.
+    - AM105: a `collate_fn` or `worker_init_fn` that is a lambda or a
+      function defined inside another function: spawned workers cannot
+      receive it (it cannot be pickled). Define it with `def` at module level.
+    - AM106: a dataset changed after the loader is built (a method call or an
+      attribute set on it, e.g. `train_set.set_epoch(epoch)`): workers hold
+      their own copy and would not see the change.
+    - AM107: a dataset of tensors already in memory (`TensorDataset`), where
+      workers only add copies between processes (iterating one is several
+      times slower with two workers than without), or a dataset class of
+      this file that puts tensors on the GPU, which worker processes cannot
+      do.
+
+    AM104 and AM105 are also reported for a loader whose `num_workers` the
+    user set, since its workers meet the same problem. Marking a call with
+    `# accelmigrate: skip[AM10x]` for one of AM103-AM107 says "I checked,
+    it is fine": the call is then rewritten. An explicit `num_workers` other
+    than 0 (e.g. `num_workers=args.workers`) and explicit `pin_memory` or
+    `persistent_workers` values always stay; the codemod never touches a
+    class of the user's that is merely named `DataLoader`, nor subclasses of
+    torch's DataLoader. A dataset whose class it cannot see (a library's, or
+    one passed in as an argument) is taken to be a map-style dataset.
+
+    The numbers a run draws change, not their distribution: workers draw
+    random augmentations from per-worker seeds, and a persistent iterator
+    draws the loader's base seed once instead of once per epoch, so from the
+    second epoch on the shuffled order (and every later draw from torch's
+    global generator, e.g. dropout masks) differs from the original run's.
+    The first epoch sees the same samples in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import Assignment, GlobalScope, PositionProvider, ScopeProvider
+
+from ._base import Codemod, has_star_args, keyword_arg
+
+DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+# Modules whose `import *` brings torch's DataLoader in.
+DATALOADER_MODULES = {"torch.utils.data", "torch.utils.data.dataloader"}
+ITERABLE_BASES = {
+    "torch.utils.data.IterableDataset",
+    "torch.utils.data.dataset.IterableDataset",
+    "torch.utils.data.IterDataPipe",
+    "torch.utils.data.datapipes.datapipe.IterDataPipe",
+}
+# Iterable datasets made by libraries, which do not split their stream among
+# workers unless told to.
+ITERABLE_FACTORIES = {"torch.utils.data.ChainDataset", "torch.utils.data.dataset.ChainDataset"}
+ITERABLE_FACTORY_PREFIXES = ("torch.utils.data.datapipes.", "torchdata.datapipes.", "torchtext.datasets.")
+TENSOR_DATASET = {"torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset"}
+GET_WORKER_INFO = {"torch.utils.data.get_worker_info", "torch.utils.data._utils.worker.get_worker_info"}
+
+# DataLoader's parameters that may be passed by position, in order.
+POSITIONAL = (
+    "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+    "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator",
+)
+# Functions that DataLoader sends to each worker process.
+SENT_TO_WORKERS = ("collate_fn", "worker_init_fn")
+RUNTIME_MODULE = "accelmigrate.runtime.data"
+HELPER = "default_num_workers"
+SPAWNED = (
+    "where worker processes are not forked (macOS, Windows, and Linux from Python 3.14, whose default is forkserver)"
+)
+
+Definition = Union[cst.ClassDef, cst.FunctionDef]
+
+
+class Workers(Codemod):
+    word = "workers"
+    summary = "DataLoader: worker processes sized to this process's cores, pinned memory, persistent workers"
+    codes = {
+        "AM101": "DataLoader given worker processes, pinned memory and persistent workers",
+        "AM102": "DataLoader called with *args or **kwargs: its settings cannot be seen",
+        "AM103": "IterableDataset that does not split its stream among workers",
+        "AM104": "DataLoader built while the script runs, without an `if __name__ == \"__main__\":` guard",
+        "AM105": "collate_fn or worker_init_fn that worker processes cannot receive (lambda, local function)",
+        "AM106": "dataset changed after its DataLoader is built",
+        "AM107": "dataset of in-memory tensors, or of GPU tensors: left without workers",
+    }
+    triggers = ("DataLoader",)
+    METADATA_DEPENDENCIES = (*Codemod.METADATA_DEPENDENCIES, ScopeProvider)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._module: Optional[cst.Module] = None
+        self._helper_call = ""  # the code of the worker count expression
+        self._torch = None  # how this module names torch, when it imports it
+        self._star_import = False  # `from torch.utils.data import *` and no other star import
+        self._runs_at_import: Optional[set[cst.CSTNode]] = None  # None: the file has a main guard
+
+    # -- module facts --------------------------------------------------------
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._module = node
+        # Raised here, not in __init__, so that the engine turns it into a finding.
+        self._helper_call = f"{HELPER}({_cap_argument(self.options)})"
+        self._torch = _torch_alias(node)
+        stars = _star_imports(node)
+        self._star_import = bool(stars) and stars <= DATALOADER_MODULES
+        self._runs_at_import = None if _has_main_guard(node) else self._definitions_run_at_import(node)
+
+    # -- the rewrite ---------------------------------------------------------
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if not self._is_dataloader(original_node):
+            return updated_node
+        if has_star_args(original_node) and not _sets_workers(original_node):
+            self.report(original_node, "AM102", _STAR_ARGS_MESSAGE.format(helper=self._helper_call))
+            return updated_node
+        if _sets_workers(original_node):
+            self._report_spawn_hazards(original_node)  # the user's own workers meet them too
+            return updated_node
+        blocked = [self.report(original_node, code, message) for code, message in self._blockers(original_node)]
+        settings = self._settings(original_node)
+        if any(blocked) or not self.fix(original_node, "AM101", _fix_message(settings)):
+            return updated_node
+        return self._with_settings(updated_node, settings)
+
+    def _blockers(self, call: cst.Call) -> list[tuple[str, str]]:
+        """(code, message) for every reason not to add workers to this call."""
+        found = self._spawn_hazards(call)
+        dataset = _argument(call, "dataset")
+        if dataset is not None:
+            found += self._dataset_problems(call, dataset.value)
+        return found
+
+    def _settings(self, call: cst.Call) -> dict[str, str]:
+        """The arguments to set, as code: num_workers always, the others
+        unless the call already sets them."""
+        settings = {"num_workers": self._helper_call}
+        if _argument(call, "pin_memory") is None:
+            settings["pin_memory"] = f"{self._torch or 'torch'}.cuda.is_available()"
+        if _argument(call, "persistent_workers") is None:
+            settings["persistent_workers"] = "True"
+        return settings
+
+    def _with_settings(self, call: cst.Call, settings: dict[str, str]) -> cst.Call:
+        self.add_import(RUNTIME_MODULE, HELPER)
+        if "pin_memory" in settings and self._torch is None:
+            self.add_import("torch")
+        values = {name: cst.parse_expression(code) for name, code in settings.items()}
+        existing = _argument(call, "num_workers")
+        if existing is not None:  # num_workers=0, by keyword or by position
+            args = [a.with_changes(value=values.pop("num_workers")) if a is existing else a for a in call.args]
+            call = call.with_changes(args=args)
+        return _append_keyword_args(call, list(values.items())) if values else call
+
+    # -- matching ------------------------------------------------------------
+
+    def _is_dataloader(self, call: cst.Call) -> bool:
+        if self.is_call_to(call, DATALOADER):
+            return True
+        # `from torch.utils.data import *` leaves the name unresolved.
+        return (
+            self._star_import
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "DataLoader"
+            and not self.qualified_names(call.func)
+        )
+
+    # -- spawned workers: AM104, AM105 ----------------------------------------
+
+    def _report_spawn_hazards(self, call: cst.Call) -> None:
+        for code, message in self._spawn_hazards(call):
+            self.report(call, code, message)
+
+    def _spawn_hazards(self, call: cst.Call) -> list[tuple[str, str]]:
+        found = []
+        if self._built_while_script_runs(call):
+            found.append(("AM104", (
+                "this loader is built while the script runs and the file has no `if __name__ == \"__main__\":` "
+                f"guard: {SPAWNED} each worker re-imports the script, runs it again and fails; put the code that "
+                "runs the script under that guard (e.g. in a main() called there), then migrate again"
+            )))
+        for name in SENT_TO_WORKERS:
+            argument = _argument(call, name)
+            why = self._unpicklable(argument.value) if argument is not None else None
+            if why:
+                found.append(("AM105", (
+                    f"{name} is {why}: {SPAWNED} it cannot be sent to the worker processes (it cannot be pickled); "
+                    "define it with `def` at module level"
+                )))
+        return found
+
+    def _built_while_script_runs(self, call: cst.Call) -> bool:
+        if self._runs_at_import is None:
+            return False
+        definitions = [a for a in self.ancestors(call) if isinstance(a, (cst.FunctionDef, cst.ClassDef, cst.Lambda))]
+        return not definitions or any(d in self._runs_at_import for d in definitions)
+
+    def _definitions_run_at_import(self, module: cst.Module) -> set[cst.CSTNode]:
+        """Functions and classes of this module that its top-level code calls,
+        directly or through each other."""
+        reached: set[cst.CSTNode] = set()
+        pending: list[cst.CSTNode] = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
+        while pending:
+            for definition in self._called_definitions(pending.pop()):
+                if definition not in reached:
+                    reached.add(definition)
+                    pending.append(definition)
+        return reached
+
+    def _called_definitions(self, node: cst.CSTNode) -> Iterator[Definition]:
+        for call in m.findall(node, m.Call(func=m.Name())):
+            for binding in self._bindings(call.func):
+                if isinstance(binding, (cst.FunctionDef, cst.ClassDef)):
+                    yield binding
+
+    def _unpicklable(self, value: cst.BaseExpression) -> Optional[str]:
+        if isinstance(value, cst.Lambda):
+            return "a lambda"
+        if not isinstance(value, cst.Name):
+            return None
+        for assignment in self._assignments(value):
+            if isinstance(assignment.node, cst.FunctionDef) and not isinstance(assignment.scope, GlobalScope):
+                return f"`{value.value}`, a function defined inside another function"
+            if isinstance(_assigned_value(self, assignment), cst.Lambda):
+                return f"`{value.value}`, a lambda"
+        return None
+
+    # -- the dataset: AM103, AM106, AM107 --------------------------------------
+
+    def _dataset_problems(self, call: cst.Call, dataset: cst.BaseExpression) -> list[tuple[str, str]]:
+        found = []
+        for made_by in self._constructors(dataset):
+            problem = self._constructor_problem(call, made_by)
+            if problem and problem not in found:
+                found.append(problem)
+        changed = self._change_after(call, dataset)
+        if changed is not None:
+            line = self.get_metadata(PositionProvider, changed).start.line
+            found.append(("AM106", (
+                f"the dataset is changed after this loader is built (line {line}: `{_change_code(changed)}`): "
+                "worker processes work on their own copy and would not see it; if that only reads the dataset, "
+                "mark this call `# accelmigrate: skip[AM106]` and migrate again, else add num_workers by hand "
+                "(without persistent_workers when the dataset changes between epochs)"
+            )))
+        return found
+
+    def _constructor_problem(self, loader: cst.Call, made_by: cst.Call) -> Optional[tuple[str, str]]:
+        names = self.qualified_names(made_by.func)
+        if names & TENSOR_DATASET:
+            return ("AM107", (
+                "left without workers: the dataset is tensors already in memory (TensorDataset), so worker "
+                "processes would only add copies between processes"
+            ))
+        if names & ITERABLE_FACTORIES or any(n.startswith(ITERABLE_FACTORY_PREFIXES) for n in names):
+            return ("AM103", _iterable_message(_short_code(made_by.func)))
+        for cls in self._classes_of(made_by.func):
+            family = list(self._class_family(cls))
+            if self._is_iterable(family) and not self._shards(family, loader):
+                return ("AM103", _iterable_message(cls.name.value))
+            gpu_use = next((n for c in family for n in _gpu_uses(c)), None)
+            if gpu_use is not None:
+                return ("AM107", (
+                    f"left without workers: dataset class {cls.name.value} puts tensors on the GPU "
+                    f"(`{_short_code(gpu_use)}`), which worker processes cannot do; keep its tensors on the CPU "
+                    "and move each batch to the device in the training loop, then migrate again"
+                ))
+        return None
+
+    def _constructors(self, dataset: cst.BaseExpression) -> Iterator[cst.Call]:
+        """The calls that may have made the dataset: the argument itself or
+        what its name was assigned, and what a function of this file that made
+        it returns (`train_set = make_data()`)."""
+        calls = []
+        if isinstance(dataset, cst.Call):
+            calls.append(dataset)
+        elif isinstance(dataset, cst.Name):
+            calls.extend(b for b in self._bindings(dataset) if isinstance(b, cst.Call))
+        for call in calls:
+            yield call
+            for function in self._functions_of(call.func):
+                yield from (r.value for r in m.findall(function, m.Return(value=m.Call())))
+
+    def _functions_of(self, func: cst.BaseExpression) -> list[cst.FunctionDef]:
+        if not isinstance(func, cst.Name):
+            return []
+        return [b for b in self._bindings(func) if isinstance(b, cst.FunctionDef)]
+
+    def _classes_of(self, func: cst.BaseExpression) -> list[cst.ClassDef]:
+        if not isinstance(func, cst.Name):
+            return []
+        return [b for b in self._bindings(func) if isinstance(b, cst.ClassDef)]
+
+    def _class_family(self, cls: cst.ClassDef, seen: Optional[set] = None) -> Iterator[cst.ClassDef]:
+        """The class and its base classes defined in this file."""
+        seen = seen if seen is not None else set()
+        if cls in seen:
+            return
+        seen.add(cls)
+        yield cls
+        for base in cls.bases:
+            for parent in self._classes_of(base.value):
+                yield from self._class_family(parent, seen)
+
+    def _is_iterable(self, family: Sequence[cst.ClassDef]) -> bool:
+        return any(self.qualified_names(base.value) & ITERABLE_BASES for cls in family for base in cls.bases)
+
+    def _shards(self, family: Sequence[cst.ClassDef], loader: cst.Call) -> bool:
+        """Does the dataset (or the loader's worker_init_fn) ask which worker it runs in?"""
+        places: list[cst.CSTNode] = list(family)
+        init = _argument(loader, "worker_init_fn")
+        if init is not None:
+            places.append(init.value)
+            if isinstance(init.value, cst.Name):
+                places.extend(self._bindings(init.value))
+        return any(self.is_call_to(c, GET_WORKER_INFO) for place in places for c in m.findall(place, m.Call()))
+
+    def _change_after(self, loader: cst.Call, dataset: cst.BaseExpression) -> Optional[cst.CSTNode]:
+        """The first method call on, or attribute set of, the dataset that may
+        run after the loader is built: through the expression that names it, or
+        through `loader.dataset`."""
+        uses = list(self._later_occurrences(dataset, loader))
+        for target in self._loader_targets(loader):
+            for occurrence in self._later_occurrences(target, loader):
+                attribute = self.parent(occurrence)
+                if m.matches(attribute, m.Attribute(attr=m.Name("dataset"))) and attribute.value is occurrence:
+                    uses.append(attribute)
+        changes = [c for c in (self._changing_use(use) for use in uses) if c is not None]
+        return min(changes, key=lambda c: _start(self, c), default=None)
+
+    def _later_occurrences(self, expression: cst.BaseExpression, loader: cst.Call) -> Iterator[cst.CSTNode]:
+        """Where `expression` (a name, or an attribute chain such as
+        `self.train_set`) occurs again, after the loader is built or in
+        another function (a method of the class may run at any time)."""
+        end = self.get_metadata(PositionProvider, loader).end
+        if isinstance(expression, cst.Name):
+            for assignment in self._assignments(expression):
+                for access in assignment.references:
+                    if isinstance(access.node, cst.Name) and _start(self, access.node) > (end.line, end.column):
+                        yield access.node
+        elif isinstance(expression, cst.Attribute) and _dotted(expression):
+            home = _function_of(self, loader)
+            for occurrence in m.findall(self._search_area(expression, loader), m.Attribute()):
+                if occurrence.deep_equals(expression) and (
+                    _function_of(self, occurrence) is not home or _start(self, occurrence) > (end.line, end.column)
+                ):
+                    yield occurrence
+
+    def _search_area(self, chain: cst.Attribute, loader: cst.Call) -> cst.CSTNode:
+        """Where the same attribute chain means the same object: the class for
+        `self.x` in a method, else the whole module."""
+        root = chain
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        function = _function_of(self, loader)
+        if function is not None and function.params.params and root.deep_equals(function.params.params[0].name):
+            owner = self.parent(self.parent(function))  # FunctionDef -> IndentedBlock -> ClassDef
+            if isinstance(owner, cst.ClassDef):
+                return owner
+        return self._module
+
+    def _loader_targets(self, loader: cst.Call) -> list[cst.BaseExpression]:
+        """`loader` in `loader = DataLoader(...)`, `self.loader` in `self.loader = DataLoader(...)`."""
+        assign = self.parent(loader)
+        if isinstance(assign, cst.Assign) and assign.value is loader:
+            return [t.target for t in assign.targets if isinstance(t.target, (cst.Name, cst.Attribute))]
+        return []
+
+    def _changing_use(self, use: cst.BaseExpression) -> Optional[cst.CSTNode]:
+        """The change, if `use` is the start of one: a method call
+        (`use.set_epoch(e)`, `use.items.append(x)`) or an assignment
+        (`use.flag = x`, `use.items[0] = x`). An item read (`use[0].to(device)`)
+        is not a change of the dataset."""
+        node, parent = use, self.parent(use)
+        through_item = False
+        while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
+            through_item = through_item or isinstance(parent, cst.Subscript)
+            node, parent = parent, self.parent(parent)
+        if node is use:
+            return None
+        if isinstance(parent, cst.Call) and parent.func is node and not through_item:
+            return parent
+        return node if self._is_assigned(node) else None
+
+    def _is_assigned(self, target: cst.CSTNode) -> bool:
+        node, parent = target, self.parent(target)
+        while isinstance(parent, (cst.Element, cst.Tuple, cst.List, cst.StarredElement)):
+            node, parent = parent, self.parent(parent)
+        if isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+            return parent.target is node
+        return isinstance(parent, cst.Del)
+
+    # -- names -----------------------------------------------------------------
+
+    def _assignments(self, name: cst.Name) -> list[Assignment]:
+        scope = self.get_metadata(ScopeProvider, name, None)
+        if scope is None:
+            return []
+        return [a for a in scope[name.value] if isinstance(a, Assignment)]
+
+    def _bindings(self, name: cst.Name) -> list[cst.CSTNode]:
+        """What `name` may stand for: the class or function it defines, or the
+        values assigned to it."""
+        found = []
+        for assignment in self._assignments(name):
+            if isinstance(assignment.node, (cst.ClassDef, cst.FunctionDef)):
+                found.append(assignment.node)
+            else:
+                value = _assigned_value(self, assignment)
+                if value is not None:
+                    found.append(value)
+        return found
+
+
+def _fix_message(settings: dict[str, str]) -> str:
+    given = ", ".join(f"{name}={code}" for name, code in settings.items())
+    return f"DataLoader now prepares batches in worker processes (this process's share of the CPU cores): {given}"
+
+
+_STAR_ARGS_MESSAGE = (
+    "DataLoader gets *args or **kwargs, which may already set num_workers or pin_memory: where those arguments "
+    "are built, add num_workers={helper}, pin_memory=torch.cuda.is_available() and persistent_workers=True "
+    "(from accelmigrate.runtime.data import default_num_workers)"
+)
+
+
+def _iterable_message(name: str) -> str:
+    return (
+        f"the dataset ({name}) is an IterableDataset and nothing here splits its stream among workers: with N "
+        "workers every item would come N times; make its __iter__ (or a worker_init_fn) yield only this worker's "
+        "share, using torch.utils.data.get_worker_info(), then migrate again (or mark this call "
+        "`# accelmigrate: skip[AM103]` if it already does)"
+    )
+
+
+# -- helpers over syntax (no metadata needed) ---------------------------------
+
+
+def _argument(call: cst.Call, name: str) -> Optional[cst.Arg]:
+    """The argument that DataLoader receives as parameter `name`, by keyword
+    or by position."""
+    found = keyword_arg(call, name)
+    if found is not None:
+        return found
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    index = POSITIONAL.index(name) if name in POSITIONAL else len(POSITIONAL)
+    return positional[index] if index < len(positional) else None
+
+
+def _sets_workers(call: cst.Call) -> bool:
+    """num_workers is given, and not as a literal 0."""
+    argument = _argument(call, "num_workers")
+    if argument is None:
+        return False
+    return not (isinstance(argument.value, cst.Integer) and argument.value.evaluated_value == 0)
+
+
+def _append_keyword_args(call: cst.Call, new_args: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
+    """Add `name=value` arguments after the last one, following the call's
+    layout: one per line, at the arguments' indentation, when the call puts one
+    argument per line; else on the last line. Comments stay where they were,
+    and so does what closes the call (a trailing comma, the line of `)`)."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[_keyword(name, value, cst.MaybeSentinel.DEFAULT) for name, value in new_args])
+    line_start = _argument_line_start(call)
+    if line_start is None:
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    else:
+        separator = cst.Comma(whitespace_after=_fresh_line(line_start))
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):
+        # It keeps its comma (and a comment after it); the new last argument
+        # gets a comma that closes the call as the old one did.
+        closing = last.comma.whitespace_after
+        if isinstance(closing, cst.ParenthesizedWhitespace):
+            final_comma = cst.Comma(whitespace_after=_fresh_line(closing))
+            if line_start is not None:
+                last = last.with_changes(comma=last.comma.with_changes(
+                    whitespace_after=closing.with_changes(indent=line_start.indent, last_line=line_start.last_line)
+                ))
+            else:
+                last = last.with_changes(comma=separator)
+                final_comma = cst.Comma(whitespace_after=closing)
+        else:
+            final_comma = last.comma
+            last = last.with_changes(comma=separator)
+        tail_space = cst.SimpleWhitespace("")
+    else:
+        final_comma = cst.MaybeSentinel.DEFAULT
+        tail_space = last.whitespace_after_arg  # e.g. the line break before `)`
+        last = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+    additions = [
+        _keyword(name, value, separator if i < len(new_args) - 1 else final_comma)
+        for i, (name, value) in enumerate(new_args)
+    ]
+    additions[-1] = additions[-1].with_changes(whitespace_after_arg=tail_space)
+    return call.with_changes(args=[*args[:-1], last, *additions])
+
+
+def _argument_line_start(call: cst.Call) -> Optional[cst.ParenthesizedWhitespace]:
+    """The line break and indentation before each argument, when the call puts
+    one argument per line; None otherwise."""
+    separators = [a.comma.whitespace_after for a in call.args[:-1] if isinstance(a.comma, cst.Comma)]
+    if len(separators) != len(call.args) - 1:
+        return None
+    breaks = [w for w in separators if isinstance(w, cst.ParenthesizedWhitespace)]
+    if len(breaks) != len(separators):
+        return None
+    if breaks:
+        return breaks[-1]
+    opening = call.whitespace_before_args
+    return opening if isinstance(opening, cst.ParenthesizedWhitespace) else None
+
+
+def _fresh_line(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
+    """A line break with the indentation of `like`, without its comments."""
+    return cst.ParenthesizedWhitespace(indent=like.indent, last_line=like.last_line)
+
+
+def _keyword(name: str, value: cst.BaseExpression, comma) -> cst.Arg:
+    no_space = cst.SimpleWhitespace("")
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space),
+        comma=comma,
+    )
+
+
+def _cap_argument(options) -> str:
+    """The arguments of the worker count helper for the `max_workers` option
+    (or the word's value, `workers=4`)."""
+    raw = options.get("max_workers", options.get("value"))
+    if raw is None:
+        return ""
+    text = str(raw).strip().lower()
+    if text == "none":
+        return "max_workers=None"
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"workers: max_workers must be a whole number from 1 up, or none; got {raw!r}")
+    return f"max_workers={int(text)}"
+
+
+def _torch_alias(module: cst.Module) -> Optional[str]:
+    """The name that a module-level `import torch` (or `import torch as th`,
+    `import torch.nn`) binds, if any."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, cst.Import):
+                continue
+            for alias in small.names:
+                dotted = _dotted(alias.name)
+                if alias.asname is None and (dotted == "torch" or dotted.startswith("torch.")):
+                    return "torch"
+                if alias.asname is not None and dotted == "torch" and isinstance(alias.asname.name, cst.Name):
+                    return alias.asname.name.value
+    return None
+
+
+def _star_imports(module: cst.Module) -> set[str]:
+    found = set()
+    for statement in module.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar) and small.module:
+                    found.add(_dotted(small.module))
+    return found
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return ""
+
+
+def _has_main_guard(module: cst.Module) -> bool:
+    """A module-level `if __name__ == "__main__":` (either way round)."""
+    return any(isinstance(s, cst.If) and _is_main_test(s.test) for s in module.body)
+
+
+def _is_main_test(test: cst.BaseExpression) -> bool:
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    comparison = test.comparisons[0]
+    if not isinstance(comparison.operator, cst.Equal):
+        return False
+    sides = (test.left, comparison.comparator)
+    names = [s for s in sides if isinstance(s, cst.Name) and s.value == "__name__"]
+    strings = [s for s in sides if isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__"]
+    return len(names) == 1 and len(strings) == 1
+
+
+def _gpu_uses(cls: cst.ClassDef) -> Iterable[cst.Call]:
+    """Calls in the class that put a tensor on a GPU: `.cuda()`, `.to("cuda")`,
+    `.to(device)`, `device=...` other than the CPU."""
+    for call in m.findall(cls, m.Call()):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
+            yield call
+        elif m.matches(func, m.Attribute(attr=m.Name("to"))) and call.args and _names_gpu(call.args[0].value):
+            yield call
+        elif any(a.keyword is not None and a.keyword.value == "device" and _names_gpu(a.value) for a in call.args):
+            yield call
+
+
+def _names_gpu(value: cst.BaseExpression) -> bool:
+    """A device that may be a GPU: "cuda...", or a variable named like a device."""
+    if isinstance(value, cst.SimpleString):
+        return str(value.evaluated_value).startswith("cuda")
+    name = _dotted(value).rsplit(".", 1)[-1].lower()
+    return "device" in name or "cuda" in name or "gpu" in name
+
+
+def _assigned_value(codemod: Codemod, assignment: Assignment) -> Optional[cst.BaseExpression]:
+    """`value` in `name = value` (also `x = name = value`), for the name the
+    assignment binds; None for other kinds of binding."""
+    target = assignment.node
+    parent = codemod.parent(target)
+    if isinstance(parent, cst.AssignTarget):
+        assign = codemod.parent(parent)
+        return assign.value if isinstance(assign, cst.Assign) else None
+    if isinstance(parent, cst.AnnAssign) and parent.target is target:
+        return parent.value
+    return None
+
+
+def _function_of(codemod: Codemod, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
+    return next((a for a in codemod.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+
+def _start(codemod: Codemod, node: cst.CSTNode) -> tuple[int, int]:
+    position = codemod.get_metadata(PositionProvider, node).start
+    return (position.line, position.column)
+
+
+def _change_code(change: cst.CSTNode) -> str:
+    return _short_code(change) + (" = ..." if isinstance(change, (cst.Attribute, cst.Subscript)) else "")
+
+
+def _short_code(node: cst.CSTNode, limit: int = 60) -> str:
+    text = " ".join(cst.Module([]).code_for_node(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

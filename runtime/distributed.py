@@ -1,0 +1,217 @@
+"""The process group of a launch, and what scripts do around it.
+
+`init_distributed()` joins the process group that torchrun (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or SLURM (one task per
+GPU: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS) describes: nccl when this
+process computes on CUDA, gloo otherwise, with the rank's GPU made current.
+It tears the group down when the interpreter exits, after an uncaught
+exception too. Started with plain `python train.py`, a process is a world of
+one: no process group, and every helper below behaves as a single process
+would (`is_main_process()` is True, sums are the local values, a model is
+not wrapped).
+
+Helpers that migrated scripts call: `is_distributed()`, `is_main_process()`,
+`global_rank()`, `world_size()`, `ddp_device_ids(model)`,
+`unwrap_model(model)`, `per_process_batch_size(batch_size)`, `barrier()`,
+`sum_across_ranks(...)` and `mean_across_ranks(total, count)`.
+
+Imports torch and the standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import multiprocessing
+import os
+import re
+from typing import Iterator, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import env
+from .device import get_device
+
+Number = Union[int, float, torch.Tensor]
+
+# A SLURM job without MASTER_PORT meets on a port derived from its job id, so
+# that two jobs sharing a node do not pick the same one.
+_SLURM_PORT_BASE = 15000
+_SLURM_PORT_SPAN = 20000
+
+global_rank = env.rank
+local_rank = env.local_rank
+world_size = env.world_size
+is_main_process = env.is_main_process
+
+
+def is_distributed() -> bool:
+    """This process belongs to an initialised process group.
+
+    Raises when the launch has several processes but this one never joined
+    them: wrapping nothing while DistributedSampler shards the data would
+    silently train a different model on every rank."""
+    if dist.is_available() and dist.is_initialized():
+        return True
+    if env.world_size() > 1 and multiprocessing.parent_process() is None:
+        raise RuntimeError(
+            f"launched as {env.world_size()} processes, but this one has not joined their process group: "
+            f"call accelmigrate.runtime.distributed.init_distributed() at the start of the program"
+        )
+    return False
+
+
+def _in_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def init_distributed(timeout: Optional[datetime.timedelta] = None) -> bool:
+    """Join the launch's process group; True when there is one to join.
+
+    A world of one process (plain `python train.py`) joins nothing. Neither
+    does a process that `multiprocessing` started, e.g. a DataLoader worker
+    that re-imported the script under the spawn or forkserver start methods:
+    only the launched process is a rank. Calling it again does nothing.
+    """
+    if _in_group():
+        return True
+    if env.world_size() <= 1 or multiprocessing.parent_process() is not None:
+        return False
+    _fill_slurm_rendezvous()
+    device = get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    dist.init_process_group(backend, rank=env.rank(), world_size=env.world_size(), **kwargs)
+    atexit.register(destroy_distributed)
+    return True
+
+
+def destroy_distributed() -> None:
+    """Leave the process group, if this process is in one."""
+    if _in_group():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed_session(timeout: Optional[datetime.timedelta] = None) -> Iterator[bool]:
+    """`with distributed_session():` joins the process group and leaves it at
+    the end of the block, whether it ends normally or by an exception."""
+    try:
+        yield init_distributed(timeout)
+    finally:
+        destroy_distributed()
+
+
+def ddp_device_ids(model: torch.nn.Module) -> Optional[list[int]]:
+    """`device_ids` for DistributedDataParallel: the CUDA device the model's
+    parameters are on, or None for a model on the CPU (or any other device)."""
+    for parameter in model.parameters():
+        if parameter.device.type == "cuda":
+            return [parameter.device.index if parameter.device.index is not None else torch.cuda.current_device()]
+        return None
+    return None
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside DistributedDataParallel, DataParallel or
+    torch.compile, whose state_dict keys carry no `module.` prefix."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while True:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def per_process_batch_size(batch_size: int) -> int:
+    """This process's share of a batch that DataParallel used to split across
+    GPUs: the global batch (and so the steps per epoch and the learning-rate
+    schedule) stays what it was."""
+    world = env.world_size()
+    if batch_size % world != 0:
+        raise ValueError(
+            f"a batch of {batch_size} cannot be split evenly across {world} processes: "
+            f"choose a batch size divisible by {world}, or keep {batch_size} per process "
+            f"(and scale the learning rate) yourself"
+        )
+    return batch_size // world
+
+
+def barrier() -> None:
+    """Wait for every rank (e.g. before reading a file that rank 0 writes).
+    Every rank must call it: never inside an `if is_main_process():` branch."""
+    if _in_group():
+        dist.barrier()
+
+
+def sum_across_ranks(*values: Number) -> Union[float, tuple[float, ...]]:
+    """The sums over all ranks of each value (numbers or one-element tensors),
+    as floats: one value gives a float, several give a tuple."""
+    local = [float(v.detach().sum().item()) if isinstance(v, torch.Tensor) else float(v) for v in values]
+    if _in_group():
+        tensor = torch.tensor(local, dtype=torch.float64, device=_collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        local = tensor.tolist()
+    return local[0] if len(local) == 1 else tuple(local)
+
+
+def mean_across_ranks(total: Number, count: Number) -> float:
+    """A metric over every rank's share of the data: the sum of the totals
+    divided by the sum of the counts (never the mean of per-rank means, which
+    weighs a rank with fewer samples as much as one with more)."""
+    total_sum, count_sum = sum_across_ranks(total, count)
+    return total_sum / count_sum if count_sum else float("nan")
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _fill_slurm_rendezvous() -> None:
+    """srun's tasks know their rank but not where to meet: rank 0's node,
+    the first of the job's node list."""
+    if not env.launched_by_slurm_tasks():
+        return
+    if "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"] = first_slurm_host(os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        job_id = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
+        os.environ["MASTER_PORT"] = str(_SLURM_PORT_BASE + job_id % _SLURM_PORT_SPAN)
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: `gpu[07-09,12],cpu01` -> `gpu07`."""
+    first = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if first is None:
+        return nodelist
+    prefix, ranges = first.group(1), first.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+__all__ = [
+    "barrier",
+    "ddp_device_ids",
+    "destroy_distributed",
+    "distributed_session",
+    "first_slurm_host",
+    "global_rank",
+    "init_distributed",
+    "is_distributed",
+    "is_main_process",
+    "local_rank",
+    "mean_across_ranks",
+    "per_process_batch_size",
+    "sum_across_ranks",
+    "unwrap_model",
+    "world_size",
+]

@@ -1,0 +1,64 @@
+"""The 16-bit type that autocast computes in, and the matching gradient scaler.
+
+`autocast_dtype(device)`: bfloat16 where the device computes it natively (CPU,
+CUDA from Ampere on, XPU), float16 on older CUDA GPUs and on MPS.
+ACCELMIGRATE_PRECISION=bf16|fp16|fp32 overrides the choice; fp32 means "no
+mixed precision" and migrated code then passes `enabled=False` to autocast.
+
+`grad_scaler(device, dtype)`: a `torch.amp.GradScaler` that is enabled only
+for float16, whose narrow exponent range needs loss scaling; with bfloat16 or
+float32 it is a no-op and the same training code runs unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import torch
+
+PRECISION_VARIABLE = "ACCELMIGRATE_PRECISION"
+
+_BY_NAME = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+
+DeviceLike = Union[torch.device, str]
+
+
+def forced_dtype() -> Union[torch.dtype, None]:
+    """The dtype ACCELMIGRATE_PRECISION asks for, or None when it is unset."""
+    value = os.environ.get(PRECISION_VARIABLE, "").strip().lower()
+    if not value:
+        return None
+    if value not in _BY_NAME:
+        raise ValueError(f"{PRECISION_VARIABLE}={value!r}: expected one of bf16, fp16, fp32")
+    return _BY_NAME[value]
+
+
+def autocast_dtype(device: DeviceLike) -> torch.dtype:
+    """The dtype for `torch.autocast(device_type=device.type, dtype=...)`."""
+    forced = forced_dtype()
+    if forced is not None:
+        return forced
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+    if kind == "mps":
+        return torch.float16
+    return torch.bfloat16
+
+
+def grad_scaler(device: DeviceLike, dtype: torch.dtype) -> torch.amp.GradScaler:
+    """A GradScaler that scales only float16 losses (a no-op otherwise)."""
+    return torch.amp.GradScaler(torch.device(device).type, enabled=dtype == torch.float16)
+
+
+__all__ = ["PRECISION_VARIABLE", "autocast_dtype", "forced_dtype", "grad_scaler"]

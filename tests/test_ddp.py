@@ -1,0 +1,311 @@
+"""The ddp codemod and accelmigrate.runtime.distributed, beyond the fixture pairs.
+
+- the runtime in a world of one (this process) and across two real gloo
+  processes started as SLURM tasks;
+- end to end: fixtures/scripts/dp_parity.py, a DataParallel script, migrated
+  with `accelmigrate apply --to ddp` and launched with `accelmigrate run
+  --nproc-per-node 2`, ends with the weights, the validation accuracy, the
+  epoch lines and the one checkpoint of the original run in one process;
+  shuffled, each rank trains on its own share, in a new order every epoch;
+  and plain `python train.py` still behaves as the original.
+
+All launches of this module start together, once (they cost seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from accelmigrate.engine import migrate_source
+from accelmigrate.runtime import distributed
+
+from conftest import ROOT, SCRIPTS, run_cli
+
+LAUNCH_TIMEOUT = 600
+EPOCHS = 3
+SHUFFLED_EPOCHS = 2
+TRAIN_SAMPLES = 256  # dp_parity.py's training set
+
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    for name in (*LAUNCH_VARIABLES, *SLURM_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+
+
+# -- the runtime in a world of one ------------------------------------------------
+
+
+def test_world_of_one_needs_no_process_group(world_of_one):
+    assert distributed.init_distributed() is False
+    assert not distributed.is_distributed()
+    assert distributed.is_main_process() and distributed.global_rank() == 0 and distributed.world_size() == 1
+    distributed.barrier()  # nothing to wait for
+    distributed.destroy_distributed()
+    with distributed.distributed_session() as joined:
+        assert joined is False
+
+
+def test_several_processes_without_a_group_fail_loudly(monkeypatch, world_of_one):
+    """Sharding the data without a wrapped model would train one model per rank."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="init_distributed"):
+        distributed.is_distributed()
+
+
+def test_world_of_one_sums_and_means_are_local(world_of_one):
+    assert distributed.sum_across_ranks(3) == 3.0
+    assert distributed.sum_across_ranks(3, torch.tensor([1.5])) == (3.0, 1.5)
+    assert distributed.mean_across_ranks(6, 4) == 1.5
+    assert math.isnan(distributed.mean_across_ranks(0, 0))
+
+
+def test_unwrap_model_removes_every_wrapper():
+    model = nn.Linear(2, 2)
+    assert distributed.unwrap_model(model) is model
+    assert distributed.unwrap_model(nn.DataParallel(model)) is model
+    assert list(distributed.unwrap_model(nn.DataParallel(model)).state_dict()) == ["weight", "bias"]
+
+
+def test_device_ids_follow_the_model(world_of_one):
+    assert distributed.ddp_device_ids(nn.Linear(2, 2)) is None
+    assert distributed.ddp_device_ids(nn.ReLU()) is None
+
+
+def test_batch_is_split_evenly_or_not_at_all(monkeypatch, world_of_one):
+    assert distributed.per_process_batch_size(30) == 30
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert distributed.per_process_batch_size(64) == 16
+    with pytest.raises(ValueError, match="cannot be split evenly across 4 processes"):
+        distributed.per_process_batch_size(30)
+
+
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [("gpu07", "gpu07"), ("gpu[07-09,12],cpu01", "gpu07"), ("node[3,5]", "node3"), ("a1,b2", "a1"), ("localhost", "localhost")],
+)
+def test_first_slurm_host(nodelist, first):
+    assert distributed.first_slurm_host(nodelist) == first
+
+
+def _init_in_child(queue) -> None:
+    queue.put(distributed.init_distributed())
+
+
+def test_processes_started_by_multiprocessing_do_not_join(monkeypatch, world_of_one):
+    """A DataLoader worker that re-imports the script (spawn, forkserver) must
+    not try to join the group as a second rank of the same number."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_init_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) is False
+
+
+# -- the tool side stays free of torch ------------------------------------------------
+
+
+def test_codemod_does_not_import_torch():
+    check = "import sys, accelmigrate.codemods.ddp, accelmigrate.codemods.sync_bn; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], cwd=ROOT).returncode == 0
+
+
+def test_unknown_option_changes_nothing_and_says_which_options_exist():
+    source = (SCRIPTS / "dp_parity.py").read_text()
+    result = migrate_source(source, [("ddp", {"value": "sideways"})])
+    assert "DistributedDataParallel" not in result.code
+    assert [f.code for f in result.findings if f.word == "ddp"] == ["AM000"]
+    assert "ddp=per-process" in next(f.message for f in result.findings if f.word == "ddp")
+
+
+# -- launches -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cpu_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES + SLURM_VARIABLES}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+class Launch:
+    """A subprocess writing to files, so that many can run at once."""
+
+    def __init__(self, folder: Path, name: str, command: list[str], env: dict, cwd: Path) -> None:
+        self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
+        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
+            self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
+
+    def wait(self) -> "Launch":
+        try:
+            self.process.wait(LAUNCH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.returncode = self.process.returncode
+        self.stdout, self.stderr = self.stdout_path.read_text(), self.stderr_path.read_text()
+        return self
+
+    def describe(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Migrate dp_parity.py, then start every launch of this module at once."""
+    work = tmp_path_factory.mktemp("ddp")
+    train = work / "train.py"
+    shutil.copy(SCRIPTS / "dp_parity.py", train)
+    applied = run_cli("apply", str(train), "--to", "ddp", cwd=work)
+    assert "DistributedDataParallel" in train.read_text(), applied.stdout + applied.stderr
+    folders = {name: work / name for name in ("original", "plain", "ddp", "shuffled", "trace")}
+    for folder in folders.values():
+        folder.mkdir()
+    python, env = sys.executable, _cpu_env()
+    two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2"]
+    launches = {
+        "original": Launch(work, "original", [python, str(SCRIPTS / "dp_parity.py"), "--out", str(folders["original"]), "--epochs", str(EPOCHS)], env, work),
+        "plain": Launch(work, "plain", [python, str(train), "--out", str(folders["plain"]), "--epochs", str(EPOCHS)], env, work),
+        "ddp": Launch(work, "ddp", [*two, str(train), "--", "--out", str(folders["ddp"]), "--epochs", str(EPOCHS)], env, work),
+        "shuffled": Launch(
+            work, "shuffled",
+            [*two, str(train), "--", "--out", str(folders["shuffled"]), "--epochs", str(SHUFFLED_EPOCHS), "--shuffle", "--trace", str(folders["trace"])],
+            env, work,
+        ),
+    }
+    port = str(_free_port())
+    for rank in range(2):
+        slurm = _cpu_env(
+            SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2",
+            SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242", MASTER_PORT=port,
+        )
+        launches[f"slurm{rank}"] = Launch(work, f"slurm{rank}", [python, str(SCRIPTS / "dp_runtime_check.py"), "--fail-rank", "1"], slurm, work)
+    return {name: launch.wait() for name, launch in launches.items()}, folders, train
+
+
+def _epoch_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("epoch ")]
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted(folder.glob("final-*.pt"))
+
+
+def _weights(folder: Path) -> dict:
+    (checkpoint,) = _checkpoints(folder)
+    return torch.load(checkpoint, map_location="cpu")
+
+
+def _largest_difference(original: dict, migrated: dict) -> float:
+    original = {key.removeprefix("module."): value for key, value in original.items()}
+    assert sorted(original) == sorted(migrated)
+    return max((original[key] - migrated[key]).abs().max().item() for key in original)
+
+
+@pytest.mark.slow
+def test_original_runs(runs):
+    launches, folders, _ = runs
+    original = launches["original"]
+    assert original.returncode == 0, original.describe()
+    assert len(_epoch_lines(original.stdout)) == EPOCHS
+    assert all(key.startswith("module.") for key in _weights(folders["original"]))  # DataParallel's keys
+
+
+@pytest.mark.slow
+def test_migrated_script_still_runs_with_plain_python(runs):
+    launches, folders, _ = runs
+    plain = launches["plain"]
+    assert plain.returncode == 0, plain.describe()
+    assert _epoch_lines(plain.stdout) == _epoch_lines(launches["original"].stdout)
+    assert _largest_difference(_weights(folders["original"]), _weights(folders["plain"])) <= 1e-6
+
+
+@pytest.mark.slow
+def test_two_processes_end_with_the_original_weights(runs):
+    launches, folders, _ = runs
+    assert launches["ddp"].returncode == 0, launches["ddp"].describe()
+    assert _largest_difference(_weights(folders["original"]), _weights(folders["ddp"])) <= 1e-5
+
+
+@pytest.mark.slow
+def test_two_processes_print_each_epoch_line_once_with_the_original_accuracy(runs):
+    launches, _, _ = runs
+    assert launches["ddp"].returncode == 0, launches["ddp"].describe()
+    original = _epoch_lines(launches["original"].stdout)
+    assert len(original) == EPOCHS
+    assert _epoch_lines(launches["ddp"].stdout) == original
+
+
+@pytest.mark.slow
+def test_two_processes_write_one_checkpoint_without_module_prefix(runs):
+    launches, folders, _ = runs
+    assert launches["ddp"].returncode == 0, launches["ddp"].describe()
+    assert len(_checkpoints(folders["ddp"])) == 1
+    assert not [key for key in _weights(folders["ddp"]) if key.startswith("module.")]
+
+
+@pytest.mark.slow
+def test_shuffled_ranks_see_disjoint_shares_in_a_new_order_every_epoch(runs):
+    launches, folders, _ = runs
+    assert launches["shuffled"].returncode == 0, launches["shuffled"].describe()
+    traces = sorted(folders["trace"].glob("seen-*.txt"))
+    assert len(traces) == 2, "one trace per rank"
+    per_rank = [[[int(i) for i in line.split()] for line in trace.read_text().splitlines()] for trace in traces]
+    assert all(len(epochs) == SHUFFLED_EPOCHS for epochs in per_rank)
+    for epoch in range(SHUFFLED_EPOCHS):
+        first, second = per_rank[0][epoch], per_rank[1][epoch]
+        assert len(first) == len(second) == TRAIN_SAMPLES // 2
+        assert not set(first) & set(second), f"epoch {epoch}: a sample was seen by both ranks"
+        assert set(first) | set(second) == set(range(TRAIN_SAMPLES))
+    for epochs in per_rank:
+        assert epochs[0] != epochs[1], "the same order in two epochs: set_epoch missing"
+        assert epochs[0] != sorted(epochs[0]), "not shuffled"
+
+
+@pytest.mark.slow
+def test_runtime_across_two_slurm_tasks(runs):
+    launches, _, _ = runs
+    reports = {}
+    for rank in range(2):
+        launch = launches[f"slurm{rank}"]
+        lines = [line for line in launch.stdout.splitlines() if line.startswith("{")]
+        assert lines, launch.describe()
+        reports[rank] = json.loads(lines[0])
+        assert f"rank {rank} left the group at exit: True" in launch.stdout, launch.describe()
+    assert launches["slurm0"].returncode == 0, launches["slurm0"].describe()
+    assert launches["slurm1"].returncode != 0 and "planned failure on rank 1" in launches["slurm1"].stderr
+    for rank, report in reports.items():
+        assert report["rank"] == rank and report["world"] == 2 and report["joined"] and report["group_size"] == 2
+        assert report["backend"] == "gloo"
+        assert report["main"] == (rank == 0)
+        # totals 10 and 20 over 2 and 3 samples: 30 / 5, not the mean of 5 and 6.67
+        assert report["total"] == 30.0 and report["count"] == 5.0 and report["mean"] == 6.0
+        assert report["unwrapped"] and report["keys"] == ["bias", "weight"]
+        assert report["device_ids"] is None
+        assert report["batch"] == 32

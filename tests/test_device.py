@@ -1,0 +1,218 @@
+"""The `device` codemod end to end: a script written for one CUDA GPU cannot
+run on a CPU; migrated, it runs there and computes what the original would
+have computed, and a checkpoint saved on a GPU loads. Plus the contract the
+`ddp` codemod builds on, the runtime's choice of device, and the guarantees
+every codemod gives (torch-free import, triggers, idempotency, check mode).
+
+The fixture pairs in fixtures/device/ are run by test_fixture_pairs.py.
+"""
+
+import io
+import math
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from accelmigrate.codemods.device import Device
+from accelmigrate.engine import migrate_source
+
+from conftest import FIXTURES, SCRIPTS, run_cli, run_python
+
+CUDA_ONLY = SCRIPTS / "cuda_only.py"
+PLAN = [("device", {})]
+
+# Runs the migrated script, then the original one with CUDA emulated by the
+# CPU (placements become no-ops, "cuda" devices the CPU): an independent
+# reference for what the migrated script must compute, which owes nothing to
+# the codemod. One interpreter for both saves an import of torch.
+SIDE_BY_SIDE = '''
+import runpy, sys
+import torch
+
+migrated, original = sys.argv[1:]
+runpy.run_path(migrated, run_name="__main__")
+print("-- original, CUDA emulated by the CPU --")
+
+def _cpu(value):
+    if isinstance(value, (str, torch.device)) and str(value).startswith("cuda"):
+        return torch.device("cpu")
+    return value
+
+def _placing(function):
+    def placed(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        return function(*[_cpu(a) for a in args], **kwargs)
+    return placed
+
+torch.Tensor.cuda = lambda self, *args, **kwargs: self
+torch.nn.Module.cuda = lambda self, *args, **kwargs: self
+torch.Tensor.to = _placing(torch.Tensor.to)
+for name in ("zeros", "ones", "empty", "full", "randn", "rand", "randint", "arange", "tensor"):
+    setattr(torch, name, _placing(getattr(torch, name)))
+runpy.run_path(original, run_name="__main__")
+'''
+
+
+def migrate(source: str, path: str = "train.py") -> str:
+    return migrate_source(source, PLAN, path).code
+
+
+def without_docstring(code: str) -> str:
+    return code.split('"""', 2)[2]
+
+
+def losses(stdout: str) -> list[float]:
+    return [float(value) for value in re.findall(r"loss: (\S+)", stdout)]
+
+
+# -- the script written for one GPU ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cuda_only_script_fails_on_a_cpu_before_migration():
+    result = run_python(CUDA_ONLY)
+    assert result.returncode != 0
+    assert "final loss" not in result.stdout
+    assert "cuda" in result.stderr.lower()  # it dies placing the model on a GPU
+
+
+@pytest.mark.slow
+def test_migrated_script_runs_on_a_cpu_and_computes_what_the_original_would(tmp_path):
+    migrated = tmp_path / "cuda_only.py"
+    migrated.write_text(CUDA_ONLY.read_text())
+    applied = run_cli("apply", str(migrated), "--to", "device")
+    assert applied.returncode == 0, applied.stderr + applied.stdout
+    assert "cuda" not in without_docstring(migrated.read_text())
+
+    runner = tmp_path / "side_by_side.py"
+    runner.write_text(SIDE_BY_SIDE)
+    both = run_python(runner, str(migrated), str(CUDA_ONLY))
+    assert both.returncode == 0, both.stderr
+    result, reference = both.stdout.split("-- original, CUDA emulated by the CPU --\n")
+
+    assert result == reference  # the same losses, to the last printed digit
+    per_epoch, final = losses(result)[:-1], losses(result)[-1]
+    assert len(per_epoch) >= 2 and all(math.isfinite(value) for value in [*per_epoch, final])
+    assert per_epoch[-1] < per_epoch[0] / 4  # it trains
+    assert result.splitlines()[-1].startswith("final loss: ")
+
+
+def test_migrated_script_has_the_form_the_ddp_codemod_builds_on():
+    code = migrate(CUDA_ONLY.read_text())
+    lines = code.splitlines()
+    assert "from accelmigrate.runtime.device import get_device" in lines
+    assert lines.count("device = get_device()") == 1  # bound once, at module level
+    last_import = max(i for i, line in enumerate(lines) if line.startswith(("import ", "from ")))
+    assert lines.index("device = get_device()") > last_import
+    assert "Net().to(device)" in code
+    assert "cuda" not in without_docstring(code)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_on_a_gpu_loads_on_a_cpu_once_migrated(tmp_path):
+    _save_as_if_on_gpu({"weight": [[1.0, 2.0], [3.0, 4.0]], "bias": [0.5, -0.5]}, tmp_path / "gpu.pt")
+    script = tmp_path / "resume.py"
+    script.write_text(
+        "import torch\n"
+        "\n"
+        "model = torch.nn.Linear(2, 2).cuda()\n"
+        'model.load_state_dict(torch.load("gpu.pt"))\n'
+        'print("weight sum:", model.weight.sum().item())\n'
+    )
+    script.write_text(migrate(script.read_text()))
+    assert 'torch.load("gpu.pt", map_location=device)' in script.read_text()
+    after = run_python(script)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout.strip() == "weight sum: 10.0"
+
+
+def _save_as_if_on_gpu(state: dict, path: Path) -> None:
+    """A checkpoint whose storages say they were saved on cuda:0, made without
+    a GPU: torch.save on the CPU, then the location tag in the pickle changed.
+    A plain torch.load of it fails on a CPU exactly as a real one does."""
+    torch = pytest.importorskip("torch")
+    buffer = io.BytesIO()
+    torch.save({name: torch.tensor(value) for name, value in state.items()}, buffer)
+    original = zipfile.ZipFile(buffer)
+    with zipfile.ZipFile(path, "w") as relocated:
+        for info in original.infolist():
+            data = original.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                assert b"X\x03\x00\x00\x00cpu" in data
+                data = data.replace(b"X\x03\x00\x00\x00cpu", b"X\x06\x00\x00\x00cuda:0")
+            relocated.writestr(info, data)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path)  # what the script did before migration
+
+
+# -- the codemod's guarantees -----------------------------------------------------------
+
+
+def test_importing_the_codemod_does_not_import_torch():
+    code = "import sys, accelmigrate.codemods.device; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from torch import load as restore\nstate = restore('ckpt.pt')\n",
+        "import torch as t\nm = t.nn.Linear(2, 2).cuda()\n",
+        "from torch import cuda\ncuda.set_device(0)\n",
+        "import torch\nx = torch.zeros(2, device='cuda')\n",
+    ],
+)
+def test_every_spelling_passes_the_cheap_pre_check(source):
+    assert Device.wants(source)
+    assert migrate_source(source, PLAN).findings
+
+
+def test_check_mode_reports_the_same_findings_and_changes_nothing():
+    source = CUDA_ONLY.read_text()
+    applied = migrate_source(source, PLAN)
+    checked = migrate_source(source, PLAN, check_only=True)
+    assert checked.code == source
+    assert [(f.line, f.column, f.code) for f in checked.findings] == [(f.line, f.column, f.code) for f in applied.findings]
+
+
+def test_second_run_changes_nothing():
+    once = migrate(CUDA_ONLY.read_text())
+    twice = migrate_source(once, PLAN)
+    assert twice.code == once
+    assert not twice.findings
+
+
+def test_code_outside_the_rewritten_nodes_is_kept_byte_for_byte():
+    source = "import torch\n\nx  =  torch.ones( 3 ).cuda()   # keep me\ny = [1,2 ,3]\n"
+    assert migrate(source) == (
+        "import torch\nfrom accelmigrate.runtime.device import get_device\n\ndevice = get_device()\n"
+        "\nx  =  torch.ones( 3 ).to(device)   # keep me\ny = [1,2 ,3]\n"
+    )
+
+
+def test_every_fixture_case_names_its_codes():
+    codes = set(Device.codes)
+    for findings in (FIXTURES / "device").glob("*.findings"):
+        for line in findings.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                assert line.split()[1] in codes, f"{findings.name}: {line}"
+
+
+# -- the runtime ------------------------------------------------------------------------
+
+
+def test_get_device_is_the_cpu_without_a_gpu_and_can_be_forced(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from accelmigrate.runtime.device import get_device
+
+    monkeypatch.delenv("ACCELMIGRATE_DEVICE", raising=False)
+    if not torch.cuda.is_available() and not torch.backends.mps.is_available():
+        assert get_device() == torch.device("cpu")
+    monkeypatch.setenv("ACCELMIGRATE_DEVICE", "meta")
+    assert get_device() == torch.device("meta")

@@ -1,0 +1,295 @@
+"""`accelmigrate run`: torchrun's arguments, SLURM, and a failing rank reported clearly.
+
+The launches (two, a few seconds each) use real gloo process groups on the CPU.
+"""
+
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelmigrate import slurm
+from accelmigrate.runner import LaunchError, exit_code_of, first_failure, torchrun_args
+
+from conftest import ROOT, SCRIPTS, run_cli
+
+FAILING_RANK = SCRIPTS / "failing_rank.py"
+
+
+# --- torchrun's arguments -----------------------------------------------------------
+
+
+def test_one_node_meets_on_loopback_at_a_port_the_store_picks():
+    assert torchrun_args("train.py", ["--lr", "0.1"], nproc_per_node=2) == [
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "--rdzv-id",
+        "local",
+        "--max-restarts",
+        "0",
+        "--module",
+        "accelmigrate.runner",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+
+
+def test_several_nodes_meet_at_the_endpoint_with_c10d():
+    args = torchrun_args(
+        "train.py", nproc_per_node=4, nnodes="2", rdzv_endpoint="node01:29500", rdzv_id="job7", max_restarts=3
+    )
+    assert args[:12] == [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "node01:29500",
+        "--rdzv-id",
+        "job7",
+        "--max-restarts",
+        "3",
+    ]
+
+
+def test_a_fixed_node_rank_uses_the_static_rendezvous():
+    args = torchrun_args("train.py", nproc_per_node=8, nnodes="2", node_rank=1, rdzv_endpoint="10.0.0.1:29500")
+    assert "--rdzv-backend static --rdzv-endpoint 10.0.0.1:29500 --node-rank 1" in " ".join(args)
+
+
+def test_the_script_can_run_without_the_rank_wrapper():
+    assert torchrun_args("train.py", ["-x"], nproc_per_node=1, entry_module=None)[-2:] == ["train.py", "-x"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nnodes": "2"}, "--rdzv-endpoint"),
+        ({"nnodes": "1:4"}, "--rdzv-endpoint"),
+        ({"node_rank": 1}, "only rank 0"),
+        ({"nnodes": "2", "node_rank": 2, "rdzv_endpoint": "h:1"}, "outside 0..1"),
+        ({"nnodes": "two"}, "N or MIN:MAX"),
+        ({"nnodes": "4:2", "rdzv_endpoint": "h:1"}, "N or MIN:MAX"),
+        ({"nproc_per_node": 0}, "at least 1"),
+    ],
+)
+def test_impossible_launches_are_refused(kwargs, message):
+    options = {"nproc_per_node": 2, **kwargs}
+    with pytest.raises(LaunchError, match=message):
+        torchrun_args("train.py", **options)
+
+
+def test_torchrun_itself_accepts_the_arguments():
+    from torch.distributed.run import parse_args
+
+    args = parse_args(torchrun_args("train.py", ["--epochs", "1"], nproc_per_node=2, nnodes="1"))
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint) == (
+        "1",
+        "2",
+        "c10d",
+        "127.0.0.1:0",
+    )
+    assert args.module and args.training_script == "accelmigrate.runner"
+    assert args.training_script_args == ["train.py", "--epochs", "1"]
+
+
+def test_exit_code_follows_the_shell_convention_for_signals():
+    assert (exit_code_of(3), exit_code_of(-9), exit_code_of(0)) == (3, 137, 1)
+
+
+# --- one rank: the error file torchrun reads --------------------------------------------
+
+
+def test_a_rank_writes_its_traceback_where_torchrun_reads_it(tmp_path):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    script = tmp_path / "crash.py"
+    script.write_text("def load():\n    raise KeyError('missing column')\n\nload()\n")
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file), "RANK": "3"}
+    done = subprocess.run(
+        [sys.executable, "-m", "accelmigrate.runner", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    assert "[rank3]: KeyError: 'missing column'" in done.stderr
+
+    failure = ProcessFailure(local_rank=3, pid=1, exitcode=1, error_file=str(error_file))
+    callstack = failure.message["extraInfo"]["py_callstack"]
+    assert callstack.startswith("Traceback (most recent call last):")
+    assert f'File "{script}", line 4, in <module>' in callstack and "in load" in callstack
+    assert "runpy" not in callstack and "accelmigrate" not in callstack  # the launcher's frames are dropped
+
+    # a rank that only lost its peer a little later is not taken for the cause
+    # (torchrun's own timestamps, in whole seconds, tie here)
+    first_ns = int(failure.message["extraInfo"]["accelmigrate_time_ns"])
+    later = ProcessFailure(local_rank=0, pid=2, exitcode=1, error_file=str(error_file))
+    later.message["extraInfo"]["accelmigrate_time_ns"] = str(first_ns + 1)
+    assert first_failure({0: later, 3: failure}) == 3
+
+
+# --- SLURM ------------------------------------------------------------------------
+
+
+def test_expand_hostlist():
+    assert slurm.expand_hostlist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07", "gpu5"]
+    assert slurm.expand_hostlist("r[1-2]-n[8-9]") == ["r1-n8", "r1-n9", "r2-n8", "r2-n9"]
+    assert slurm.expand_hostlist("single") == ["single"]
+
+
+def _slurm_step(nodes, tasks, **extra):
+    return {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_STEP_NUM_NODES": str(nodes),
+        "SLURM_STEP_NUM_TASKS": str(tasks),
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        **extra,
+    }
+
+
+def test_an_srun_step_with_one_task_per_node_gives_the_placement():
+    placement = slurm.placement_from_env(_slurm_step(2, 2), first_host=lambda nodes: slurm.expand_hostlist(nodes)[0])
+    assert placement == slurm.Placement(nnodes=2, rdzv_endpoint="gpu07:29500", rdzv_id="4242")
+
+
+def test_outside_slurm_or_on_one_node_the_launch_stays_local():
+    assert slurm.placement_from_env({}) is None
+    assert slurm.placement_from_env(_slurm_step(1, 1)) is None
+    assert slurm.placement_from_env({"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "1"}) is None
+
+
+def test_a_multi_node_allocation_started_once_is_refused():
+    batch_step = {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
+    with pytest.raises(slurm.SlurmError, match="srun --ntasks-per-node=1"):
+        slurm.placement_from_env(batch_step)
+    with pytest.raises(slurm.SlurmError, match="one task per node"):
+        slurm.placement_from_env(_slurm_step(2, 8))
+
+
+def _fake_tool(folder: Path, name: str, body: str) -> None:
+    tool = folder / name
+    tool.write_text("#!/bin/sh\n" + body + "\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+
+
+def test_the_sbatch_script_runs_torchrun_once_per_node(tmp_path):
+    batch = tmp_path / "job.sbatch"
+    done = run_cli(
+        "run",
+        "--slurm-script",
+        str(batch),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--time",
+        "02:00:00",
+        "--partition",
+        "gpu",
+        str(FAILING_RANK),
+        "--",
+        "--tag",
+        "two words",
+    )
+    assert done.returncode == 0, done.stderr
+    text = batch.read_text()
+    assert subprocess.run(["bash", "-n", str(batch)], capture_output=True).returncode == 0
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --time=02:00:00",
+        "#SBATCH --partition=gpu",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+    ):
+        assert line in text.splitlines()
+
+    # Run it with stand-ins for srun and scontrol: the torchrun line each node runs.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_tool(bin_dir, "scontrol", 'printf "gpu07\\ngpu08\\n"')
+    _fake_tool(bin_dir, "srun", f'printf "%s\\n" "$@" > {shlex.quote(str(tmp_path / "srun.args"))}')
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": "python3",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "4242",
+    }
+    assert subprocess.run(["bash", str(batch)], env=env, capture_output=True).returncode == 0
+    srun_args = (tmp_path / "srun.args").read_text().splitlines()
+    assert srun_args == [
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "gpu07:29500",
+        "--rdzv-id",
+        "4242",
+        "--max-restarts",
+        "0",
+        str(FAILING_RANK),
+        "--tag",
+        "two words",
+    ]
+
+
+def test_batch_job_options_need_slurm_script():
+    done = run_cli("run", "--nodes", "2", str(FAILING_RANK))
+    assert done.returncode == 2
+    assert "only with --slurm-script" in done.stderr
+
+
+# --- launches ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_failing_rank_is_named_with_its_exit_code_and_traceback(tmp_path):
+    done = run_cli("run", "--nproc-per-node", "2", str(FAILING_RANK), "--", "--tag", "hello", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 1 of 2: sum=2 tag=hello" in done.stdout  # both ranks ran, with the script's arguments
+
+    summary = done.stderr[done.stderr.index("rank 1 failed first") :]
+    assert summary.splitlines()[0].endswith("exit code 1")
+    assert "Traceback (most recent call last):" in summary
+    assert "in check_batch" in summary and 'raise ValueError(f"bad batch on rank {rank}' in summary
+    assert "ValueError: bad batch on rank 1: shapes do not match" in summary
+    assert "runpy" not in summary
+    assert "rank 0 also ended" in summary
+
+
+@pytest.mark.slow
+def test_a_successful_launch_runs_every_rank_like_python_would(tmp_path):
+    done = run_cli("run", "--nproc-per-node", "2", str(FAILING_RANK), "--", "--fail-rank", "-1", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: sum=2 tag= argv0=failing_rank.py path0_is_script_dir=True" in done.stdout
+    assert "failed" not in done.stderr

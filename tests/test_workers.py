@@ -1,0 +1,358 @@
+"""The `workers` codemod beyond its fixture pairs, and its runtime helper.
+
+- `default_num_workers()`: cores of this process / processes of the launch on
+  this machine, at least 1, capped;
+- the codemod's options, its check mode and its findings' messages;
+- migrated scripts run on the CPU with real worker processes, also when the
+  workers are spawned (as on macOS and Windows).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from accelmigrate.codemods import find
+from accelmigrate.engine import migrate_source
+from accelmigrate.runtime import data
+
+from conftest import SCRIPTS, run_python
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+SLURM_ENV = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
+def migrate(source: str, **options):
+    return migrate_source(textwrap.dedent(source), [("workers", options)], "train.py")
+
+
+def codes(migration):
+    return [(f.code, f.fixed) for f in migration.findings]
+
+
+# -- the runtime helper ----------------------------------------------------------
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    for name in (*TORCHRUN_ENV, *SLURM_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def cores(single_process):
+    def set_cores(count: int) -> None:
+        single_process.setattr(os, "sched_getaffinity", lambda pid: set(range(count)), raising=False)
+
+    return set_cores
+
+
+def launched_by_torchrun(monkeypatch, local_world_size: int) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(local_world_size))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world_size))
+
+
+def test_one_process_gets_its_cores(cores):
+    cores(6)
+    assert data.default_num_workers() == 6
+
+
+def test_processes_of_a_launch_share_the_cores(cores, single_process):
+    cores(16)
+    launched_by_torchrun(single_process, 4)
+    assert data.default_num_workers() == 4
+
+
+def test_at_least_one_worker(cores, single_process):
+    cores(2)
+    launched_by_torchrun(single_process, 8)
+    assert data.default_num_workers() == 1
+
+
+def test_capped_at_eight_by_default(cores):
+    cores(96)
+    assert data.default_num_workers() == data.DEFAULT_MAX_WORKERS == 8
+
+
+def test_the_cap_can_be_set_or_removed(cores):
+    cores(96)
+    assert data.default_num_workers(max_workers=3) == 3
+    assert data.default_num_workers(max_workers=None) == 96
+
+
+def test_a_cap_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        data.default_num_workers(max_workers=0)
+
+
+def test_without_affinity_the_cpu_count_counts(single_process):
+    single_process.delattr(os, "sched_getaffinity", raising=False)
+    single_process.setattr(os, "cpu_count", lambda: 5)
+    assert data.available_cores() == 5
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_cores_follow_the_affinity_mask():
+    """A process pinned to one core (taskset, a container's cpuset) gets one worker."""
+    code = (
+        "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+        "from accelmigrate.runtime.data import default_num_workers; print(default_num_workers())"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV + SLURM_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+
+
+def test_the_helper_does_not_import_torch():
+    code = "import sys, accelmigrate.runtime.data; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+# -- the codemod -------------------------------------------------------------------
+
+LOADER = """
+    from torch.utils.data import DataLoader
+
+    def main(dataset):
+        return DataLoader(dataset, batch_size=4)
+
+    if __name__ == "__main__":
+        main([])
+"""
+
+
+def test_registered_with_its_codes():
+    cls = find("workers")
+    assert cls is not None and find("AM104") is cls
+    assert cls.triggers == ("DataLoader",)
+
+
+def test_the_pre_check_sees_every_spelling():
+    cls = find("workers")
+    assert not cls.wants("import torch\nmodel = torch.nn.Linear(2, 2)\n")
+    for spelling in ("DataLoader(x)", "data.DataLoader(x)", "from torch.utils.data import DataLoader as DL"):
+        assert cls.wants(spelling)
+
+
+@pytest.mark.parametrize("option, expected", [
+    ({"max_workers": "4"}, "default_num_workers(max_workers=4)"),
+    ({"value": "2"}, "default_num_workers(max_workers=2)"),
+    ({"max_workers": "none"}, "default_num_workers(max_workers=None)"),
+    ({"max_workers": 6}, "default_num_workers(max_workers=6)"),
+])
+def test_the_cap_option(option, expected):
+    assert f"num_workers={expected}," in migrate(LOADER, **option).code
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "many", "2.5"])
+def test_a_bad_cap_option_changes_nothing_and_says_why(bad):
+    migration = migrate(LOADER, max_workers=bad)
+    assert migration.code == textwrap.dedent(LOADER)
+    assert [f.code for f in migration.findings] == ["AM000"]
+    assert "max_workers" in migration.findings[0].message
+
+
+def test_check_mode_reports_without_rewriting():
+    source = textwrap.dedent(LOADER)
+    migration = migrate_source(source, [("workers", {})], "train.py", check_only=True)
+    assert migration.code == source
+    assert codes(migration) == [("AM101", True)]
+
+
+def test_the_fix_names_only_what_it_adds():
+    migration = migrate("""
+        import torch
+        from torch.utils.data import DataLoader
+
+        def main(dataset):
+            return DataLoader(dataset, num_workers=0, pin_memory=False)
+
+        if __name__ == "__main__":
+            main([])
+    """)
+    (finding,) = migration.findings
+    assert "num_workers=default_num_workers()" in finding.message
+    assert "pin_memory" not in finding.message
+    expected = "DataLoader(dataset, num_workers=default_num_workers(), pin_memory=False, persistent_workers=True)"
+    assert expected in migration.code
+
+
+def test_messages_say_what_to_do():
+    migration = migrate("""
+        import torch
+        from torch.utils.data import DataLoader, IterableDataset
+
+        class Stream(IterableDataset):
+            def __iter__(self):
+                yield 1
+
+        loader = DataLoader(Stream(), collate_fn=lambda b: b)
+        dataset = [1, 2]
+        other = DataLoader(dataset)
+        dataset.append(3)
+    """)
+    by_code = {f.code: f.message for f in migration.findings}
+    assert sorted(by_code) == ["AM103", "AM104", "AM105", "AM106"]
+    assert "get_worker_info()" in by_code["AM103"]
+    assert 'if __name__ == "__main__":' in by_code["AM104"]
+    assert "def` at module level" in by_code["AM105"]
+    assert "line 12: `dataset.append(3)`" in by_code["AM106"]
+    assert not any(f.fixed for f in migration.findings)
+
+
+def test_a_function_called_by_top_level_code_runs_at_import():
+    migration = migrate("""
+        from torch.utils.data import DataLoader
+
+        def loaders(dataset):
+            return [DataLoader(dataset)]
+
+        def train(dataset):
+            for loader in loaders(dataset):
+                pass
+
+        def never_called(dataset):
+            return DataLoader(dataset)
+
+        train([1, 2, 3])
+    """)
+    assert [(f.line, f.code) for f in migration.findings] == [(5, "AM104"), (12, "AM101")]
+
+
+def test_user_pin_memory_and_torch_alias():
+    migration = migrate("""
+        import torch as th
+        from torch.utils.data import DataLoader
+
+        def main(dataset):
+            return DataLoader(dataset, 8, True)
+
+        if __name__ == "__main__":
+            main([])
+    """)
+    expected = (
+        "DataLoader(dataset, 8, True, num_workers=default_num_workers(), pin_memory=th.cuda.is_available(), "
+        "persistent_workers=True)"
+    )
+    assert expected in migration.code
+    assert "\nimport torch\n" not in migration.code
+
+
+def test_the_codemod_does_not_import_torch():
+    code = (
+        "import sys; from accelmigrate.engine import migrate_source; "
+        "migrate_source(open(sys.argv[1]).read(), [('workers', {})]); print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(SCRIPTS / "data_bound.py")], capture_output=True, text=True, timeout=120,
+    )
+    assert done.stdout.strip() == "False", done.stderr
+
+
+# -- migrated scripts, run --------------------------------------------------------------
+
+
+def migrate_script(script: Path, into: Path) -> Path:
+    migration = migrate_source(script.read_text(encoding="utf-8"), [("workers", {})], str(script))
+    assert any(f.fixed for f in migration.findings), migration.findings
+    target = into / script.name
+    target.write_text(migration.code, encoding="utf-8")
+    return target
+
+
+def out_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "migrated"
+    folder.mkdir()
+    return folder
+
+
+def lines_starting(output: str, prefix: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.slow
+def test_migrated_script_sees_the_same_first_epoch(tmp_path):
+    """Same samples, same order, same arithmetic in the first epoch; from the
+    second on, the persistent iterator draws one seed fewer from torch's
+    generator, so the shuffled order differs (documented)."""
+    script = SCRIPTS / "char_lstm.py"
+    migrated = migrate_script(script, tmp_path)
+    original_run = run_python(script, "--epochs", "2")
+    migrated_run = run_python(migrated, "--epochs", "2")
+    assert original_run.returncode == 0, original_run.stderr
+    assert migrated_run.returncode == 0, migrated_run.stderr
+    first = lines_starting(original_run.stdout, "epoch 0 ")
+    assert first and first == lines_starting(migrated_run.stdout, "epoch 0 ")
+    assert lines_starting(migrated_run.stdout, "final loss")
+
+
+@pytest.mark.slow
+def test_migrated_script_works_with_spawned_workers(tmp_path):
+    """What macOS and Windows do: workers are spawned and re-import the script."""
+    script = tmp_path / "spawned.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        import torch.multiprocessing as mp
+        from torch.utils.data import DataLoader, Dataset
+
+
+        class Squares(Dataset):
+            def __len__(self):
+                return 40
+
+            def __getitem__(self, i):
+                return torch.tensor([float(i * i)])
+
+
+        def collate(batch):
+            return torch.cat(batch)
+
+
+        def main():
+            mp.set_start_method("spawn", force=True)
+            loader = DataLoader(Squares(), batch_size=8, collate_fn=collate)
+            for epoch in range(2):
+                total = sum(float(batch.sum()) for batch in loader)
+            print(f"total: {total:.0f}", loader.num_workers, loader.persistent_workers)
+
+
+        if __name__ == "__main__":
+            main()
+    """))
+    migrated = migrate_script(script, out_folder(tmp_path))
+    done = run_python(migrated)
+    assert done.returncode == 0, done.stderr
+    total, workers, persistent = done.stdout.split()[1:]
+    assert total == str(sum(i * i for i in range(40)))
+    assert int(workers) >= 1 and persistent == "True"
+
+
+@pytest.mark.slow
+def test_migrated_script_under_torchrun_sizes_its_share(tmp_path):
+    """Two processes of a launch on this machine: each gets half the cores."""
+    script = tmp_path / "share.py"
+    script.write_text(textwrap.dedent("""
+        from torch.utils.data import DataLoader
+
+        def main():
+            loader = DataLoader(list(range(10)), batch_size=5)
+            print(loader.num_workers, sum(len(b) for b in loader))
+
+        if __name__ == "__main__":
+            main()
+    """))
+    migrated = migrate_script(script, out_folder(tmp_path))
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    done = run_python(migrated, env=env)
+    assert done.returncode == 0, done.stderr
+    workers, items = done.stdout.split()
+    assert int(workers) == max(1, min(8, data.available_cores() // 2))
+    assert items == "10"
