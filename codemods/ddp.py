@@ -67,18 +67,22 @@ Example
             torch.save(unwrap_model(model).state_dict(), "model.pt")
 
 Left alone (a finding says what to do by hand)
-    Several models (GANs, an optimizer over two models), no optimizer over a
-    model's parameters or no `backward()` (no training loop found), a model
-    used through its own methods while training (DDP synchronises gradients
-    only through `model(...)`), DataParallel under a condition that does more
-    than print, DataLoaders with a custom sampler, a `batch_sampler`, unseen
-    arguments (`**kwargs`) or no batch size, DataLoaders not bound to a name,
-    epoch loops without a plain loop variable, prints and writes whose
-    arguments may run collectives (`print(evaluate(model))`), SummaryWriter,
-    a `torch.load` that may read what rank 0 is still writing, and scripts
-    that already set up torch.distributed. Evaluation DataLoaders stay whole:
+    Scripts that already set up torch.distributed; several models (GANs, an
+    optimizer over two models); no `backward()` (no training loop) or no
+    optimizer over a model's parameters; a model trained through its own
+    methods (`model.encode(x)`: DDP synchronises gradients only through
+    `model(...)`), rebound or moved after the wrap, returned from a
+    function, or wrapped under a condition that does more than print;
+    training DataLoaders with a custom `sampler=` or `batch_sampler=`,
+    unseen arguments (`**kwargs`), no batch size, or no name of their own;
+    epoch loops without a plain loop variable (`while`); output whose
+    arguments may run collectives (`print(evaluate(model))`) or that shares
+    its line; SummaryWriter; `download=True` on every rank; a `torch.load`
+    that may read what rank 0 is still writing; a file that only defines
+    (where to call `init_distributed()`). Evaluation DataLoaders stay whole:
     every rank evaluates the full set, so rank 0 prints the numbers a single
-    process would (a finding says how to shard them instead).
+    process would. Names the migrated code needs but the file already uses
+    stop the migration.
 """
 
 from __future__ import annotations
@@ -1075,6 +1079,8 @@ class DistributedDataParallelCodemod(Codemod):
 
     def _plan_rank_zero_output(self, model: Optional[Var]) -> None:
         loggers = self._logger_references()
+        # Where the model is called under any name: its forward may broadcast buffers.
+        self._model_references = {r for r, _ in self._followed_references(model)} if model is not None else set()
         saves = False
         for node in self._nodes:
             if isinstance(node, cst.Call) and self.is_call_to(node, TQDM):
@@ -1093,7 +1099,7 @@ class DistributedDataParallelCodemod(Codemod):
                 )
             elif isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite, cst.With)):
                 kind = self._output_kind(node, loggers)
-                if kind is not None and self._plan_guard(node, kind, model):
+                if kind is not None and self._plan_guard(node, kind):
                     saves = saves or kind == "a file write"
         if saves:
             for node in self._nodes:
@@ -1139,7 +1145,7 @@ class DistributedDataParallelCodemod(Codemod):
                     found.update(reference for reference in self._references(var))
         return found
 
-    def _plan_guard(self, statement: cst.CSTNode, kind: str, model: Optional[Var]) -> bool:
+    def _plan_guard(self, statement: cst.CSTNode, kind: str) -> bool:
         if self._guarded_already(statement):
             return False
         problem = None
@@ -1148,7 +1154,7 @@ class DistributedDataParallelCodemod(Codemod):
         elif isinstance(statement, cst.SimpleStatementSuite) or not isinstance(self.parent(statement), (cst.IndentedBlock, cst.Module)):
             problem = f"{kind} in a one-line block: put it on its own line, then run ddp again"
         else:
-            communicating = self._may_communicate(statement, model)
+            communicating = self._may_communicate(statement)
             if communicating is not None:
                 problem = (
                     f"{kind} that calls `{communicating}`, which may take part in collectives on every rank: compute "
@@ -1178,7 +1184,7 @@ class DistributedDataParallelCodemod(Codemod):
                 return True
         return False
 
-    def _may_communicate(self, statement: cst.CSTNode, model: Optional[Var]) -> Optional[str]:
+    def _may_communicate(self, statement: cst.CSTNode) -> Optional[str]:
         """The first call in `statement` that might run a collective: the script's
         own functions, torch.distributed, or the model's forward."""
         for node in _walk(statement):
@@ -1189,7 +1195,10 @@ class DistributedDataParallelCodemod(Codemod):
                 return self._code(node.func)
             if self._callee(node) is not None:
                 return self._code(node.func)
-            if model is not None and self._var_of(node.func) == model:
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+                func = func.value
+            if func in self._model_references:
                 return self._code(node.func)
         return None
 

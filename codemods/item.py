@@ -321,13 +321,13 @@ class Item(Codemod):
 
     def _rewrite(self, store: Store, method: str, verdict: Verdict) -> None:
         loss, where = _describe(store)
-        kept = f"kept across iterations, {loss} held its whole autograd graph"
+        kept = f"{loss} is kept in {where} across iterations with its whole autograd graph"
         if method == "item":
-            code, message = "AM201", f"stored {loss}.item() in {where}: {kept}, and {where} is only read as a number"
+            code, message = "AM201", f"{kept}, and {where} is only read as a number: store {loss}.item()"
         elif verdict.need is Need.TENSOR:
-            code, message = "AM202", f"stored {loss}.detach() in {where}: {kept}, and {where} is later used as a tensor"
+            code, message = "AM202", f"{kept}, and {where} is later used as a tensor: store {loss}.detach()"
         else:
-            code, message = "AM202", f"stored {loss}.detach() in {where}: {kept}, and it may hold more than one number"
+            code, message = "AM202", f"{kept}, and {loss} may hold more than one number: store {loss}.detach()"
         if self.fix(store.node, code, message):
             for atom, _ in store.atoms:
                 self._rewrites[atom] = method
@@ -692,8 +692,8 @@ class _Analysis:
         return False
 
     def _state_at(self, name: cst.Name, key: tuple) -> str:
-        """ "loss", "not a loss" or "ambiguous": what a variable that holds a loss
-        somewhere holds where `name` reads it. A loss if an assignment that
+        """What a variable that holds a loss somewhere holds where `name` reads
+        it: "loss", "not a loss" or "ambiguous". A loss if an assignment that
         reaches the read gave it a loss; ambiguous if another gave it a detached
         value (`loss = loss.item()` in a branch)."""
         definitions = self.definitions(name)
@@ -725,7 +725,7 @@ class _Analysis:
         return found
 
     def _assignment_kind(self, node: cst.CSTNode) -> str:
-        """ "detached", "init" (a number or None) or "graph" (anything else)."""
+        """What an assignment gives: "detached", "init" (a number or None) or "graph"."""
         value, _ = self.bound_value(node)
         if value is None:
             return "graph"
