@@ -8,10 +8,13 @@ two alternate N times and the best time of each counts, which steadies the
 numbers on a busy machine.
 
 With W worker processes on W free cores the migrated loop can approach 1/W
-of the original's time. On 2 cores the bound is about one half: the workers
-then share the two cores with the training loop itself.
+of the original's time, less the workers' start (a fraction of a second).
+On 2 cores the bound is one half: all the work is CPU work, and the two
+workers share the two cores with the training loop itself. Workers only
+speed up with idle cores: where other jobs keep the cores busy (Linux shares
+CPU time between sessions, not between processes), both runs crawl alike.
 
-    python benchmarks/dataloader_workers.py [--repeat 2] [--quick]
+    python benchmarks/dataloader_workers.py [--repeat 2] [--samples N --epochs E --passes P]
 """
 
 from __future__ import annotations
@@ -67,12 +70,11 @@ def _load_average():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=1, help="run each script N times, alternating; keep the best")
-    parser.add_argument("--quick", action="store_true", help="a quarter of the samples (a smoke run)")
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--passes", type=int, default=40, help="CPU cost of one sample (filtering passes)")
     args = parser.parse_args()
-    samples = args.samples // 4 if args.quick else args.samples
+    samples = args.samples
     script_args = ["--samples", str(samples), "--epochs", str(args.epochs), "--passes", str(args.passes)]
     load_before = _load_average()
     with tempfile.TemporaryDirectory(prefix="accelmigrate-workers-") as folder:

@@ -185,6 +185,23 @@ COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
 
 
+
+def _defines_without_calls(statement: cst.CSTNode) -> bool:
+    """`BATCH_SIZE = 64`, `__all__ = [...]`: a module-level binding that calls nothing."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and all(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in statement.body)
+        and not any(isinstance(node, cst.Call) for node in _walk(statement))
+    )
+
+
+def _batch_mode(options) -> str:
+    """`ddp` (the global batch stays) or `ddp=per-process` (each process keeps it)."""
+    value = options.get("value", "").strip().lower().replace("_", "-")
+    if value not in ("", "global", "per-process"):
+        raise ValueError(f"unknown option {value!r} (use ddp=per-process)")
+    return value or "global"
+
 class CannotMigrate(Exception):
     """A step that cannot be done safely; the message is the finding."""
 
@@ -258,12 +275,13 @@ class DistributedDataParallelCodemod(Codemod):
 
     METADATA_DEPENDENCIES = (*Codemod.METADATA_DEPENDENCIES, ScopeProvider)
 
+    @classmethod
+    def check_options(cls, options) -> None:
+        _batch_mode(options)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        value = self.options.get("value", "").strip().lower().replace("_", "-")
-        if value not in ("", "global", "per-process"):
-            raise ValueError(f"ddp: unknown option {value!r} (use ddp=per-process)")
-        self.per_process = value == "per-process"
+        self.per_process = _batch_mode(self.options) == "per-process"
         self._edits: dict[cst.CSTNode, Edit] = {}
         self._before: dict[cst.CSTNode, list[Insertion]] = {}
         self._after: dict[cst.CSTNode, list[cst.BaseStatement]] = {}
@@ -1289,7 +1307,7 @@ class DistributedDataParallelCodemod(Codemod):
                 continue
             if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
                 continue
-            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or _defines_without_calls(statement):
                 continue  # defining runs nothing; join the group just before the first code that runs
             return statement
         return None

@@ -148,6 +148,10 @@ class Workers(Codemod):
     triggers = ("DataLoader",)
     METADATA_DEPENDENCIES = (*Codemod.METADATA_DEPENDENCIES, ScopeProvider)
 
+    @classmethod
+    def check_options(cls, options) -> None:
+        _cap_argument(options)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._module: Optional[cst.Module] = None
@@ -598,7 +602,7 @@ def _cap_argument(options) -> str:
     if text == "none":
         return "max_workers=None"
     if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"workers: max_workers must be a whole number from 1 up, or none; got {raw!r}")
+        raise ValueError(f"max_workers must be a whole number from 1 up, or none; got {raw!r}")
     return f"max_workers={int(text)}"
 
 
