@@ -87,7 +87,11 @@ def decode_source(path: Path, data: bytes) -> SourceText:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as error:
-        raise InputError(f"{path}: {error}") from None
+        if "unknown encoding" in str(error):
+            raise InputError(f"{path}: {error}") from None
+        encoding = "utf-8"  # undecodable first lines: decoding below says where
+    if encoding == "utf-8" and data.startswith(b"\xef\xbb\xbf"):
+        encoding = "utf-8-sig"
     try:
         text = data.decode(encoding)
     except UnicodeDecodeError as error:

@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from accelmigrate.engine import migrate_source
@@ -43,20 +45,29 @@ def migrate(into: Path) -> Path:
     return target
 
 
-def run(script: Path, script_args: list[str]) -> tuple[float, str]:
-    """(loop time in seconds, final loss) as the script prints them."""
+def run(script: Path, script_args: list[str]) -> tuple[float, str, float]:
+    """(loop time in seconds, final loss) as the script prints them, and the
+    cores its processes kept busy on average over the whole run (imports
+    included): about 1 for one process, more with workers on idle cores."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+    cpu_before, start = _children_cpu_seconds(), time.perf_counter()
     done = subprocess.run(
         [sys.executable, str(script), *script_args],
         capture_output=True, text=True, env=env, cwd=script.parent, timeout=600,
     )
+    cores_busy = (_children_cpu_seconds() - cpu_before) / (time.perf_counter() - start)
     if done.returncode != 0:
         raise SystemExit(f"{script} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
     loop = re.search(r"^loop time: ([0-9.]+) s$", done.stdout, re.MULTILINE)
     loss = re.search(r"^final loss: (\S+)$", done.stdout, re.MULTILINE)
     if not (loop and loss):
         raise SystemExit(f"{script} printed no loop time or final loss:\n{done.stdout}")
-    return float(loop.group(1)), loss.group(1)
+    return float(loop.group(1)), loss.group(1), cores_busy
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _load_average():
@@ -74,26 +85,29 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--passes", type=int, default=40, help="CPU cost of one sample (filtering passes)")
     args = parser.parse_args()
-    samples = args.samples
-    script_args = ["--samples", str(samples), "--epochs", str(args.epochs), "--passes", str(args.passes)]
+    script_args = ["--samples", str(args.samples), "--epochs", str(args.epochs), "--passes", str(args.passes)]
     load_before = _load_average()
     with tempfile.TemporaryDirectory(prefix="accelmigrate-workers-") as folder:
         migrated = migrate(Path(folder))
         times: dict[str, list[float]] = {"original": [], "migrated": []}
         losses: dict[str, str] = {}
+        busy: dict[str, list[float]] = {"original": [], "migrated": []}
         for _ in range(max(1, args.repeat)):
             for name, script in (("original", SCRIPT), ("migrated", migrated)):
-                seconds, losses[name] = run(script, script_args)
+                seconds, losses[name], cores_busy = run(script, script_args)
                 times[name].append(seconds)
+                busy[name].append(cores_busy)
 
     original, after = min(times["original"]), min(times["migrated"])
-    print(f"data-bound script: {samples} samples x {args.epochs} epochs, {available_cores()} CPU cores, "
+    print(f"data-bound script: {args.samples} samples x {args.epochs} epochs, {available_cores()} CPU cores, "
           f"{default_num_workers()} workers after migration")
     if load_before is not None:
         print(f"load average before the runs: {load_before:.2f} (other work on these cores slows both runs, "
               "and not equally; compare runs made on an idle machine)")
-    print(f"original loop:  {original:8.3f} s   (final loss {losses['original']})")
-    print(f"migrated loop:  {after:8.3f} s   (final loss {losses['migrated']})")
+    for name, best in (("original", original), ("migrated", after)):
+        cores_busy = busy[name][times[name].index(best)]
+        print(f"{name} loop: {best:8.3f} s   (final loss {losses[name]}; its processes kept "
+              f"{cores_busy:.2f} cores busy on average)")
     print(f"ratio migrated/original: {after / original:.3f}   speed-up: {original / after:.2f}x")
     if losses["original"] != losses["migrated"] and args.epochs > 1:
         print("(the final losses differ because persistent workers draw the loader's seed once, not once per "
