@@ -164,7 +164,6 @@ class Workers(Codemod):
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
-        # Raised here, not in __init__, so that the engine turns it into a finding.
         self._helper_call = f"{HELPER}({_cap_argument(self.options)})"
         self._torch = _torch_alias(node)
         stars = _star_imports(node)
