@@ -168,37 +168,76 @@ def has_star_args(call: cst.Call) -> bool:
 
 
 def append_keyword_args(call: cst.Call, new_args: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
-    """Add `name=value` arguments at the end of a call, following its layout:
-    the separator the call already uses between its arguments (one argument per
-    line stays one per line), and its trailing comma and closing parenthesis."""
+    """Add `name=value` arguments after the last one, following the call's
+    layout: one per line, at the arguments' indentation, when the call puts one
+    argument per line; else on the last line. Comments stay where they were,
+    and so does what closes the call (a trailing comma, the line of `)`)."""
     args = list(call.args)
-    between = _argument_separator(call)
-    trailing = args[-1].comma if args else cst.MaybeSentinel.DEFAULT
-    closing = args[-1].whitespace_after_arg if args else cst.SimpleWhitespace("")  # before `)`
-    if args:
-        args[-1] = args[-1].with_changes(comma=between, whitespace_after_arg=cst.SimpleWhitespace(""))
-    for i, (name, value) in enumerate(new_args):
-        is_last = i == len(new_args) - 1
-        args.append(
-            cst.Arg(
-                value=value,
-                keyword=cst.Name(name),
-                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-                comma=trailing if is_last else between,
-                whitespace_after_arg=closing if is_last else cst.SimpleWhitespace(""),
-            )
-        )
-    return call.with_changes(args=args)
+    if not args:
+        return call.with_changes(args=[_keyword(name, value, cst.MaybeSentinel.DEFAULT) for name, value in new_args])
+    line_start = _argument_line_start(call)
+    if line_start is None:
+        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    else:
+        separator = cst.Comma(whitespace_after=_fresh_line(line_start))
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):
+        # It keeps its comma (and a comment after it); the new last argument
+        # gets a comma that closes the call as the old one did.
+        closing = last.comma.whitespace_after
+        if isinstance(closing, cst.ParenthesizedWhitespace):
+            final_comma = cst.Comma(whitespace_after=_fresh_line(closing))
+            if line_start is not None:
+                last = last.with_changes(comma=last.comma.with_changes(
+                    whitespace_after=closing.with_changes(indent=line_start.indent, last_line=line_start.last_line)
+                ))
+            else:
+                last = last.with_changes(comma=separator)
+                final_comma = cst.Comma(whitespace_after=closing)
+        else:
+            final_comma = last.comma
+            last = last.with_changes(comma=separator)
+        tail_space = cst.SimpleWhitespace("")
+    else:
+        final_comma = cst.MaybeSentinel.DEFAULT
+        tail_space = last.whitespace_after_arg  # e.g. the line break before `)`
+        last = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
+    additions = [
+        _keyword(name, value, separator if i < len(new_args) - 1 else final_comma)
+        for i, (name, value) in enumerate(new_args)
+    ]
+    additions[-1] = additions[-1].with_changes(whitespace_after_arg=tail_space)
+    return call.with_changes(args=[*args[:-1], last, *additions])
 
 
-def _argument_separator(call: cst.Call) -> cst.Comma:
-    """The comma (and the whitespace after it) that separates the call's arguments."""
-    args = call.args
-    if len(args) > 1 and isinstance(args[0].comma, cst.Comma):
-        return args[0].comma
-    if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
-        return cst.Comma(whitespace_after=call.whitespace_before_args)  # `f(\n    a\n)`
-    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+def _argument_line_start(call: cst.Call) -> Optional[cst.ParenthesizedWhitespace]:
+    """The line break and indentation before each argument, when the call puts
+    one argument per line; None otherwise."""
+    separators = [a.comma.whitespace_after for a in call.args[:-1] if isinstance(a.comma, cst.Comma)]
+    if len(separators) != len(call.args) - 1:
+        return None
+    breaks = [w for w in separators if isinstance(w, cst.ParenthesizedWhitespace)]
+    if len(breaks) != len(separators):
+        return None
+    if breaks:
+        return breaks[-1]
+    opening = call.whitespace_before_args
+    return opening if isinstance(opening, cst.ParenthesizedWhitespace) else None
+
+
+def _fresh_line(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
+    """A line break with the indentation of `like`, without its comments."""
+    return cst.ParenthesizedWhitespace(indent=like.indent, last_line=like.last_line)
+
+
+def _keyword(name: str, value: cst.BaseExpression, comma) -> cst.Arg:
+    no_space = cst.SimpleWhitespace("")
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space),
+        comma=comma,
+    )
 
 
 def remove_statements(

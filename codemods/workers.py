@@ -99,7 +99,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import Assignment, GlobalScope, PositionProvider, ScopeProvider
 
-from ._base import Codemod, has_star_args, keyword_arg
+from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg
 
 DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 # Modules whose `import *` brings torch's DataLoader in.
@@ -214,7 +214,7 @@ class Workers(Codemod):
         if existing is not None:  # num_workers=0, by keyword or by position
             args = [a.with_changes(value=values.pop("num_workers")) if a is existing else a for a in call.args]
             call = call.with_changes(args=args)
-        return _append_keyword_args(call, list(values.items())) if values else call
+        return append_keyword_args(call, list(values.items())) if values else call
 
     # -- matching ------------------------------------------------------------
 
@@ -516,79 +516,6 @@ def _sets_workers(call: cst.Call) -> bool:
     if argument is None:
         return False
     return not (isinstance(argument.value, cst.Integer) and argument.value.evaluated_value == 0)
-
-
-def _append_keyword_args(call: cst.Call, new_args: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:
-    """Add `name=value` arguments after the last one, following the call's
-    layout: one per line, at the arguments' indentation, when the call puts one
-    argument per line; else on the last line. Comments stay where they were,
-    and so does what closes the call (a trailing comma, the line of `)`)."""
-    args = list(call.args)
-    if not args:
-        return call.with_changes(args=[_keyword(name, value, cst.MaybeSentinel.DEFAULT) for name, value in new_args])
-    line_start = _argument_line_start(call)
-    if line_start is None:
-        separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    else:
-        separator = cst.Comma(whitespace_after=_fresh_line(line_start))
-    last = args[-1]
-    if isinstance(last.comma, cst.Comma):
-        # It keeps its comma (and a comment after it); the new last argument
-        # gets a comma that closes the call as the old one did.
-        closing = last.comma.whitespace_after
-        if isinstance(closing, cst.ParenthesizedWhitespace):
-            final_comma = cst.Comma(whitespace_after=_fresh_line(closing))
-            if line_start is not None:
-                last = last.with_changes(comma=last.comma.with_changes(
-                    whitespace_after=closing.with_changes(indent=line_start.indent, last_line=line_start.last_line)
-                ))
-            else:
-                last = last.with_changes(comma=separator)
-                final_comma = cst.Comma(whitespace_after=closing)
-        else:
-            final_comma = last.comma
-            last = last.with_changes(comma=separator)
-        tail_space = cst.SimpleWhitespace("")
-    else:
-        final_comma = cst.MaybeSentinel.DEFAULT
-        tail_space = last.whitespace_after_arg  # e.g. the line break before `)`
-        last = last.with_changes(comma=separator, whitespace_after_arg=cst.SimpleWhitespace(""))
-    additions = [
-        _keyword(name, value, separator if i < len(new_args) - 1 else final_comma)
-        for i, (name, value) in enumerate(new_args)
-    ]
-    additions[-1] = additions[-1].with_changes(whitespace_after_arg=tail_space)
-    return call.with_changes(args=[*args[:-1], last, *additions])
-
-
-def _argument_line_start(call: cst.Call) -> Optional[cst.ParenthesizedWhitespace]:
-    """The line break and indentation before each argument, when the call puts
-    one argument per line; None otherwise."""
-    separators = [a.comma.whitespace_after for a in call.args[:-1] if isinstance(a.comma, cst.Comma)]
-    if len(separators) != len(call.args) - 1:
-        return None
-    breaks = [w for w in separators if isinstance(w, cst.ParenthesizedWhitespace)]
-    if len(breaks) != len(separators):
-        return None
-    if breaks:
-        return breaks[-1]
-    opening = call.whitespace_before_args
-    return opening if isinstance(opening, cst.ParenthesizedWhitespace) else None
-
-
-def _fresh_line(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
-    """A line break with the indentation of `like`, without its comments."""
-    return cst.ParenthesizedWhitespace(indent=like.indent, last_line=like.last_line)
-
-
-def _keyword(name: str, value: cst.BaseExpression, comma) -> cst.Arg:
-    no_space = cst.SimpleWhitespace("")
-    return cst.Arg(
-        value=value,
-        keyword=cst.Name(name),
-        equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space),
-        comma=comma,
-    )
 
 
 def _cap_argument(options) -> str:
