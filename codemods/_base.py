@@ -15,7 +15,7 @@ from typing import ClassVar, Collection, Iterable, Mapping, Optional, Sequence, 
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod import CodemodContext, ContextAwareTransformer
+from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
@@ -41,8 +41,12 @@ class Finding:
 Suppressions = Mapping[int, Optional[frozenset]]
 
 
-class Codemod(ContextAwareTransformer):
-    """Base class of every codemod. Subclasses set the class attributes below."""
+class Codemod(cst.CSTTransformer):
+    """Base class of every codemod. Subclasses set the class attributes below.
+
+    A plain transformer, not LibCST's matcher-decoratable one: no codemod uses
+    matcher decorators, and their bookkeeping on every node costs a fifth of a
+    check's time."""
 
     word: ClassVar[str]  # the --to word
     codes: ClassVar[Mapping[str, str]]  # finding code -> one-line title
@@ -61,7 +65,8 @@ class Codemod(ContextAwareTransformer):
         options: Optional[Mapping[str, str]] = None,
         suppressions: Optional[Suppressions] = None,
     ) -> None:
-        super().__init__(context)
+        super().__init__()
+        self.context = context  # where imports to add and remove are scheduled
         self.options = dict(options or {})
         self.suppressions = suppressions or {}
         self.findings: list[Finding] = []

@@ -23,6 +23,7 @@ from libcst.codemod import CodemodContext
 
 from accelmigrate.codemods import all_codemods
 from accelmigrate.codemods.accumulate import Accumulate
+from accelmigrate.codemods import UnknownCodemod
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime.batch import no_sync_unless
 
@@ -50,10 +51,9 @@ def test_missing_or_invalid_value_is_a_usage_error(options):
 
 
 @pytest.mark.parametrize("options", INVALID[:3])
-def test_invalid_value_changes_nothing_in_the_engine(options):
-    result = migrate_source(LOOP, [("accumulate", options)])
-    assert result.code == LOOP
-    assert not any(f.fixed for f in result.findings)
+def test_invalid_value_is_refused_before_the_engine_reads_a_file(options):
+    with pytest.raises(UnknownCodemod, match=r"accumulate"):
+        migrate_source(LOOP, [("accumulate", options)])
 
 
 def test_value_sets_the_constant_and_a_second_run_changes_nothing():
