@@ -11,7 +11,8 @@ tells the user what to do by hand. The engine runs it through a
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Collection, Iterable, Mapping, Optional, Sequence, Union
+import functools
+from typing import ClassVar, Collection, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -158,6 +159,98 @@ class Codemod(cst.CSTTransformer):
 
 # -- small syntax helpers shared by codemods ----------------------------------
 
+# Gradient clipping, by every path torch exports it under.
+CLIP_GRAD_FUNCTIONS = frozenset(
+    {
+        "torch.nn.utils.clip_grad_norm_",
+        "torch.nn.utils.clip_grad_norm",
+        "torch.nn.utils.clip_grad_value_",
+        "torch.nn.utils.clip_grad.clip_grad_norm_",
+        "torch.nn.utils.clip_grad.clip_grad_norm",
+        "torch.nn.utils.clip_grad.clip_grad_value_",
+    }
+)
+
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_EMPTY_MODULE = cst.Module(body=[])
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source text of a node."""
+    return _EMPTY_MODULE.code_for_node(node)
+
+
+def walk(node: cst.CSTNode, *, into_definitions: bool = True) -> Iterator[cst.CSTNode]:
+    """`node` and everything below it, in source order. Reads the dataclass
+    fields directly: LibCST's `children` rebuilds every node it lists, which
+    costs minutes on big files. Without `into_definitions`, the functions,
+    classes and lambdas defined inside are skipped (they run at other times)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        children = []
+        for name in _child_fields(type(current)):
+            value = getattr(current, name)
+            if isinstance(value, cst.CSTNode):
+                children.append(value)
+            elif isinstance(value, (list, tuple)):
+                children.extend(item for item in value if isinstance(item, cst.CSTNode))
+        if not into_definitions:
+            children = [child for child in children if not isinstance(child, _DEFINITIONS)]
+        stack.extend(reversed(children))
+
+
+@functools.lru_cache(maxsize=None)
+def _child_fields(node_type: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(node_type))
+
+
+def dotted_name(node: cst.BaseExpression) -> str:
+    """`a.b.c` for a chain of names and attributes, else ""."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        prefix = dotted_name(node.value)
+        return f"{prefix}.{node.attr.value}" if prefix else ""
+    return ""
+
+
+def is_main_guard(test: cst.BaseExpression) -> bool:
+    """`__name__ == "__main__"`, either way round."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    sides = [test.left, test.comparisons[0].comparator]
+    return isinstance(test.comparisons[0].operator, cst.Equal) and any(
+        isinstance(s, cst.Name) and s.value == "__name__" for s in sides
+    ) and any(isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__" for s in sides)
+
+
+def is_docstring(statement: cst.CSTNode) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+_TIGHT_OPERANDS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
+_TIGHT_OPERATORS = (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.MatrixMultiply, cst.Power)
+
+
+def times_or_divided(value: cst.BaseExpression, operator: cst.BaseBinaryOp, by: str) -> cst.BinaryOperation:
+    """`value * by` or `value / by`, parenthesising `value` when its operators
+    bind less tightly."""
+    tight = isinstance(value, _TIGHT_OPERANDS) or bool(getattr(value, "lpar", ())) or (
+        isinstance(value, cst.BinaryOperation) and isinstance(value.operator, _TIGHT_OPERATORS)
+    )
+    if not tight:
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    spaced = operator.with_changes(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" "))
+    return cst.BinaryOperation(left=value, operator=spaced, right=cst.Name(by))
+
+
 
 def keyword_arg(call: cst.Call, name: str) -> Optional[cst.Arg]:
     """The `name=...` argument of `call`, if given."""
@@ -276,6 +369,13 @@ def is_name(node: cst.CSTNode, value: Optional[str] = None) -> bool:
 
 __all__ = [
     "ALL_CODES",
+    "CLIP_GRAD_FUNCTIONS",
+    "code_of",
+    "dotted_name",
+    "is_docstring",
+    "is_main_guard",
+    "times_or_divided",
+    "walk",
     "Codemod",
     "Finding",
     "Suppressions",

@@ -121,7 +121,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ._base import Codemod
+from ._base import CLIP_GRAD_FUNCTIONS, Codemod, code_of, is_docstring, times_or_divided
 
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
 RUNTIME_BATCH = "accelmigrate.runtime.batch"
@@ -137,27 +137,14 @@ GRAD_SCALER = {
     "torch.cpu.amp.GradScaler",
     "accelmigrate.runtime.precision.grad_scaler",  # what the amp codemod writes
 }
-CLIP_GRAD = {
-    "torch.nn.utils.clip_grad_norm_",
-    "torch.nn.utils.clip_grad_norm",
-    "torch.nn.utils.clip_grad_value_",
-    "torch.nn.utils.clip_grad.clip_grad_norm_",
-    "torch.nn.utils.clip_grad.clip_grad_norm",
-    "torch.nn.utils.clip_grad.clip_grad_value_",
-}
 ENUMERATE = {"builtins.enumerate"}
 PROGRESS_BARS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"}
 OPTIMIZER_PACKAGES = ("torch.optim.", "torch.distributed.optim.", "apex.optimizers.", "bitsandbytes.optim.")
 NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
 
-_EMPTY_MODULE = cst.Module(body=[])
 
 
 # -- small shared helpers (batch_scale uses them too) ---------------------------
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return _EMPTY_MODULE.code_for_node(node)
 
 
 def parse_factor(options: Mapping[str, str], word: str, meaning: str) -> int:
@@ -260,22 +247,13 @@ def module_constant_insertion_index(module: cst.Module) -> int:
     that open the module (so that imports added later still come first)."""
     index = 0
     for i, statement in enumerate(module.body):
-        if i == 0 and _is_docstring(statement):
+        if i == 0 and is_docstring(statement):
             index = 1
         elif _is_import_line(statement):
             index = i + 1
         else:
             break
     return index
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _is_import_line(statement: cst.CSTNode) -> bool:
@@ -693,7 +671,7 @@ class LoopReader:
         return set()
 
     def _role(self, call: cst.Call, zeroed: set[Optional[str]], scalers: set[str]) -> Optional[UpdateCall]:
-        if self.codemod.is_call_to(call, CLIP_GRAD):
+        if self.codemod.is_call_to(call, CLIP_GRAD_FUNCTIONS):
             return UpdateCall(call, "clip")
         if not isinstance(call.func, cst.Attribute):
             return None
@@ -759,24 +737,6 @@ class LoopPlan:
     at_group_start: set[int]  # body positions of zero_grad() statements before backward()
     at_group_end: set[int]  # body positions of the statements gated to the group's end
     no_sync: Optional[tuple[int, int, str]] = None  # (first, last) body positions, model
-
-
-_DIVISION_SAFE = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
-
-
-def divided(value: cst.BaseExpression, by: str) -> cst.BinaryOperation:
-    """`value / by`, parenthesising `value` when its operators bind less tightly."""
-    safe = isinstance(value, _DIVISION_SAFE) or bool(getattr(value, "lpar", ())) or (
-        isinstance(value, cst.BinaryOperation)
-        and isinstance(value.operator, (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.MatrixMultiply, cst.Power))
-    )
-    if not safe:
-        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return cst.BinaryOperation(
-        left=value,
-        operator=cst.Divide(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")),
-        right=cst.Name(by),
-    )
 
 
 def _statement_leading(statement: cst.CSTNode) -> Sequence[cst.EmptyLine]:
@@ -1005,9 +965,9 @@ class Accumulate(Codemod):
         scaled = updated_node.func.value  # type: ignore[union-attr]
         if is_method_call(scaled, "scale") and len(scaled.args) == 1 and scaled.args[0].keyword is None:
             argument = scaled.args[0]
-            new_receiver = scaled.with_changes(args=[argument.with_changes(value=divided(argument.value, size))])
+            new_receiver = scaled.with_changes(args=[argument.with_changes(value=times_or_divided(argument.value, cst.Divide(), size))])
         else:
-            new_receiver = divided(scaled, size).with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            new_receiver = times_or_divided(scaled, cst.Divide(), size).with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         return updated_node.with_changes(func=updated_node.func.with_changes(value=new_receiver))  # type: ignore[union-attr]
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:

@@ -115,7 +115,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from ._base import Codemod
+from ._base import CLIP_GRAD_FUNCTIONS, Codemod, code_of, walk
 
 PRECISION = "accelmigrate.runtime.precision"
 AUTOCAST_DTYPE = f"{PRECISION}.autocast_dtype"
@@ -136,14 +136,6 @@ AUTOCAST = {
     "torch.cuda.amp.autocast_mode.autocast",
     "torch.cpu.amp.autocast",
     "torch.cpu.amp.autocast_mode.autocast",
-}
-CLIPPING = {
-    "torch.nn.utils.clip_grad_norm_",
-    "torch.nn.utils.clip_grad_norm",
-    "torch.nn.utils.clip_grad_value_",
-    "torch.nn.utils.clip_grad.clip_grad_norm_",
-    "torch.nn.utils.clip_grad.clip_grad_norm",
-    "torch.nn.utils.clip_grad.clip_grad_value_",
 }
 RAW_AUTOGRAD = {"torch.autograd.grad", "torch.autograd.backward"}
 OPTIMIZER_PACKAGES = ("torch.optim.", "torch.distributed.optim.", "apex.optimizers.", "bitsandbytes.optim.")
@@ -212,19 +204,6 @@ def dotted(node: cst.CSTNode) -> Optional[str]:
         base = dotted(node.value)
         return f"{base}.{node.attr.value}" if base else None
     return None
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`node` and its descendants, not into the functions, classes and lambdas
-    defined inside it (they run at other times)."""
-    yield node
-    for child in node.children:
-        if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            yield from walk(child)
 
 
 def is_block(node: Optional[cst.CSTNode]) -> bool:
@@ -678,7 +657,7 @@ class Amp(Codemod):
     def names_in(self, node: cst.CSTNode, context: ExpressionContext) -> set:
         """Names and dotted names (`self.loss`) read (LOAD) or bound (STORE) in `node`."""
         found = set()
-        for child in walk(node):
+        for child in walk(node, into_definitions=False):
             if isinstance(child, (cst.Name, cst.Attribute)) and not self.is_attribute_name(child):
                 if self.get_metadata(ExpressionContextProvider, child, None) == context:
                     name = dotted(child)
@@ -688,7 +667,7 @@ class Amp(Codemod):
 
     def reads(self, node: cst.CSTNode) -> set:
         found = self.names_in(node, ExpressionContext.LOAD)
-        for child in walk(node):
+        for child in walk(node, into_definitions=False):
             if isinstance(child, cst.AugAssign):
                 found |= self.names_in(child.target, ExpressionContext.STORE)
         return found
@@ -730,7 +709,7 @@ class Amp(Codemod):
             if scale_loss is not None:
                 loss = scale_loss.args[0].value if scale_loss.args and not scale_loss.args[0].keyword else None
                 found.append(Backward(with_node, None, loss, with_node))
-                inside_apex.update(walk(with_node.body))
+                inside_apex.update(walk(with_node.body, into_definitions=False))
         for call in self.facts.calls:
             if method_call(call, "backward") and call not in inside_apex:
                 found.append(Backward(self.line_of(call), call, call.func.value))
@@ -766,7 +745,7 @@ class Amp(Codemod):
         return any(isinstance(a, cst.With) and self.has_autocast(a) for a in self.ancestors(node))
 
     def contains_autocast(self, node: cst.CSTNode) -> bool:
-        return any(isinstance(n, cst.With) and self.has_autocast(n) for n in walk(node))
+        return any(isinstance(n, cst.With) and self.has_autocast(n) for n in walk(node, into_definitions=False))
 
     def plan_step(self, unit: cst.CSTNode, backwards: list) -> Optional[StepPlan]:
         first = backwards[0].call or backwards[0].statement
@@ -815,7 +794,7 @@ class Amp(Codemod):
                 self.check_apex_with(backward)
             if backward.call is not None and backward.call.args:
                 raise Problem(node, "AM412", "backward() with arguments (retain_graph=, a gradient): scale each loss by hand, `scaler.scale(loss).backward(...)`, as in PyTorch's AMP examples")
-            if any(isinstance(c, cst.Call) and not isinstance(c.func, cst.Attribute) for c in walk(backward.loss)):
+            if any(isinstance(c, cst.Call) and not isinstance(c.func, cst.Attribute) for c in walk(backward.loss, into_definitions=False)):
                 raise Problem(node, "AM410", "the loss is computed in the backward statement itself: bind it first (`loss = criterion(model(x), y)`, then `loss.backward()`) and run again")
         for call in self.facts.calls:
             if self.is_call_to(call, RAW_AUTOGRAD) and self.within(call, unit):
@@ -918,7 +897,7 @@ class Amp(Codemod):
         """A statement an autocast region must not take in."""
         if isinstance(line, (cst.For, cst.While, cst.With, cst.FunctionDef, cst.ClassDef)):
             return True
-        for child in walk(line):
+        for child in walk(line, into_definitions=False):
             if isinstance(child, (cst.Return, cst.Break, cst.Continue, cst.Yield, cst.Global, cst.Nonlocal, cst.Await)):
                 return True
             if method_call(child, "backward") or method_call(child, "step"):
@@ -931,7 +910,7 @@ class Amp(Codemod):
             return False
         return all(
             (isinstance(child.func, cst.Attribute) and child.func.attr.value in MOVES) or self.is_qualified(child.func, VARIABLE)
-            for child in walk(line.body[0].value)
+            for child in walk(line.body[0].value, into_definitions=False)
             if isinstance(child, cst.Call)
         )
 
@@ -987,7 +966,7 @@ class Amp(Codemod):
 
     def gradient_users(self, unit: cst.CSTNode) -> list:
         """Clipping calls and reads of `.grad` in the unit."""
-        users = [c for c in self.facts.calls if self.is_call_to(c, CLIPPING | {APEX_MASTER_PARAMS}) and self.within(c, unit)]
+        users = [c for c in self.facts.calls if self.is_call_to(c, CLIP_GRAD_FUNCTIONS | {APEX_MASTER_PARAMS}) and self.within(c, unit)]
         for attribute in self.facts.grads:
             if (
                 self.get_metadata(ExpressionContextProvider, attribute, None) == ExpressionContext.LOAD
@@ -1163,7 +1142,7 @@ class Amp(Codemod):
             return plans
         problems, handled = [], set()
         for call in calls:
-            handled.update(n for n in walk(call.func) if isinstance(n, cst.Name))
+            handled.update(n for n in walk(call.func, into_definitions=False) if isinstance(n, cst.Name))
             try:
                 self.plan_apex_call(call, plans)
             except Problem as problem:
@@ -1319,7 +1298,7 @@ class Amp(Codemod):
     def forward_like(self, body: cst.CSTNode) -> bool:
         """Calls something (a model) besides builtins, in-place tensor methods
         and accessors: parameter updates such as EMAs gain nothing from autocast."""
-        return any(isinstance(child, cst.Call) and self.may_compute(child) for child in walk(body))
+        return any(isinstance(child, cst.Call) and self.may_compute(child) for child in walk(body, into_definitions=False))
 
     def may_compute(self, call: cst.Call) -> bool:
         if isinstance(call.func, cst.Attribute):
@@ -1465,7 +1444,7 @@ class Amp(Codemod):
 
     def scaler_state_near(self, call: cst.Call, method: str) -> bool:
         block = self.parent(self.line_of(call))
-        return any(self.is_scaler_state(c, method) for c in walk(block))
+        return any(self.is_scaler_state(c, method) for c in walk(block, into_definitions=False))
 
     def plan_save_in_subscript(self, call: cst.Call, line: cst.SimpleStatementLine, target: cst.Subscript, scaler: str) -> None:
         index = target.slice[0].slice if len(target.slice) == 1 else None

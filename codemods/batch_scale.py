@@ -67,7 +67,7 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg
+from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg, times_or_divided
 from .accumulate import (
     DATALOADER,
     LoopReader,
@@ -85,24 +85,6 @@ from .accumulate import (
 
 SCALE_CONSTANT = "BATCH_SCALE"
 WARM_UP_ABOVE = 8  # larger factors get finding AM613
-
-_MULTIPLICATION_SAFE = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
-
-
-def multiplied(value: cst.BaseExpression, by: str) -> cst.BinaryOperation:
-    """`value * by`, parenthesising `value` when its operators bind less tightly."""
-    safe = isinstance(value, _MULTIPLICATION_SAFE) or bool(getattr(value, "lpar", ())) or (
-        isinstance(value, cst.BinaryOperation)
-        and isinstance(value.operator, (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.MatrixMultiply, cst.Power))
-    )
-    if not safe:
-        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return cst.BinaryOperation(
-        left=value,
-        operator=cst.Multiply(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")),
-        right=cst.Name(by),
-    )
-
 
 def argparse_dest(call: cst.Call) -> Optional[str]:
     """The attribute that `parser.add_argument(...)` stores its value in."""
@@ -335,7 +317,7 @@ class BatchScale(Codemod):
     def on_leave(self, original_node, updated_node):
         updated = super().on_leave(original_node, updated_node)
         if original_node in self._scaled and isinstance(updated, cst.BaseExpression):
-            return multiplied(updated, SCALE_CONSTANT)
+            return times_or_divided(updated, cst.Multiply(), SCALE_CONSTANT)
         return updated
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:

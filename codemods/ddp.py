@@ -94,7 +94,7 @@ import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
-from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg
+from ._base import Codemod, append_keyword_args, dotted_name, has_star_args, is_docstring, is_main_guard, keyword_arg, walk
 
 RUNTIME = "accelmigrate.runtime.distributed"
 
@@ -191,7 +191,7 @@ def _defines_without_calls(statement: cst.CSTNode) -> bool:
     return (
         isinstance(statement, cst.SimpleStatementLine)
         and all(isinstance(small, (cst.Assign, cst.AnnAssign)) for small in statement.body)
-        and not any(isinstance(node, cst.Call) for node in _walk(statement))
+        and not any(isinstance(node, cst.Call) for node in walk(statement))
     )
 
 
@@ -301,7 +301,7 @@ class DistributedDataParallelCodemod(Codemod):
     def visit_Module(self, node: cst.Module) -> bool:
         self._module = node
         self._config = node.config_for_parsing
-        self._nodes = list(_walk(node))
+        self._nodes = list(walk(node))
         self._functions = {s.name.value: s for s in node.body if isinstance(s, cst.FunctionDef)}
         self._classes = {s.name.value: s for s in node.body if isinstance(s, cst.ClassDef)}
         self._plan_local_rank()
@@ -364,7 +364,7 @@ class DistributedDataParallelCodemod(Codemod):
 
     def _imports_runtime(self) -> bool:
         return any(
-            isinstance(n, cst.ImportFrom) and n.module is not None and _dotted(n.module) == RUNTIME
+            isinstance(n, cst.ImportFrom) and n.module is not None and dotted_name(n.module) == RUNTIME
             for n in self._nodes
         )
 
@@ -402,7 +402,7 @@ class DistributedDataParallelCodemod(Codemod):
     def _imported_from(self, name: cst.Name, module: str) -> bool:
         for ancestor in self.ancestors(name):
             if isinstance(ancestor, cst.ImportFrom):
-                return ancestor.module is not None and _dotted(ancestor.module) == module
+                return ancestor.module is not None and dotted_name(ancestor.module) == module
         return False
 
     # -- the model -------------------------------------------------------------
@@ -539,7 +539,7 @@ class DistributedDataParallelCodemod(Codemod):
         while True:
             block = self.parent(anchor)
             owner = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
-            if isinstance(owner, cst.If) and _is_main_test(owner.test):
+            if isinstance(owner, cst.If) and is_main_guard(owner.test):
                 return anchor, conditions  # the script's entry point runs unconditionally
             if not isinstance(owner, cst.If) or owner.orelse is not None or block is not owner.body:
                 if isinstance(owner, (cst.For, cst.While, cst.With, cst.Try, cst.If)):
@@ -635,7 +635,7 @@ class DistributedDataParallelCodemod(Codemod):
             expressions.extend(self._assigned_values(params.value))
         models = set()
         for expression in expressions:
-            for node in _walk(expression):
+            for node in walk(expression):
                 if (
                     isinstance(node, cst.Call)
                     and isinstance(node.func, cst.Attribute)
@@ -976,7 +976,7 @@ class DistributedDataParallelCodemod(Codemod):
 
     def _trains(self, body: cst.CSTNode, depth: int = 0) -> bool:
         """Does running `body` call `backward()` (in it or in the script's own functions it calls)?"""
-        for node in _walk(body):
+        for node in walk(body):
             if isinstance(node, cst.Call):
                 if _is_backward(node) or self.is_call_to(node, {"torch.autograd.backward"}):
                     return True
@@ -1015,7 +1015,7 @@ class DistributedDataParallelCodemod(Codemod):
             )
         if not isinstance(epoch_loop.body, cst.IndentedBlock):
             raise CannotMigrate(_header(epoch_loop), "AM521", "one-line epoch loop: call `loader.sampler.set_epoch(epoch)` at the top of each epoch by hand")
-        if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "set_epoch" for n in _walk(epoch_loop.body)):
+        if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "set_epoch" for n in walk(epoch_loop.body)):
             return
         if not _is_plain_reference(loader):
             raise CannotMigrate(_header(epoch_loop), "AM521", "the training DataLoader has no plain name in the epoch loop: call `loader.sampler.set_epoch(epoch)` by hand")
@@ -1066,7 +1066,7 @@ class DistributedDataParallelCodemod(Codemod):
                     "`lr=<default> * world_size()` by hand",
                 )
                 continue
-            if any(isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.world_size"}) for n in _walk(lr.value)):
+            if any(isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.world_size"}) for n in walk(lr.value)):
                 continue
             self._plan_scaled_lr(optimizer, lr)
         for scheduler in self._calls_to(LR_SCHEDULERS_WITH_LR):
@@ -1197,7 +1197,7 @@ class DistributedDataParallelCodemod(Codemod):
                 return True
             if isinstance(ancestor, cst.If) and any(
                 isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.is_main_process", "accelmigrate.runtime.env.is_main_process"})
-                for n in _walk(ancestor.test)
+                for n in walk(ancestor.test)
             ):
                 return True
         return False
@@ -1205,7 +1205,7 @@ class DistributedDataParallelCodemod(Codemod):
     def _may_communicate(self, statement: cst.CSTNode) -> Optional[str]:
         """The first call in `statement` that might run a collective: the script's
         own functions, torch.distributed, or the model's forward."""
-        for node in _walk(statement):
+        for node in walk(statement):
             if not isinstance(node, cst.Call):
                 continue
             names = self.qualified_names(node.func)
@@ -1226,7 +1226,7 @@ class DistributedDataParallelCodemod(Codemod):
             return
         disable = keyword_arg(call, "disable")
         if disable is not None and any(
-            isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.is_main_process"}) for n in _walk(disable.value)
+            isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.is_main_process"}) for n in walk(disable.value)
         ):
             return
 
@@ -1277,7 +1277,7 @@ class DistributedDataParallelCodemod(Codemod):
 
     def _main_block(self) -> Optional[cst.If]:
         for statement in self._module.body:
-            if isinstance(statement, cst.If) and _is_main_test(statement.test) and isinstance(statement.body, cst.IndentedBlock):
+            if isinstance(statement, cst.If) and is_main_guard(statement.test) and isinstance(statement.body, cst.IndentedBlock):
                 return statement
         return None
 
@@ -1287,9 +1287,9 @@ class DistributedDataParallelCodemod(Codemod):
         for statement in self._module.body:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                 continue
-            if isinstance(statement, cst.If) and _is_main_test(statement.test):
+            if isinstance(statement, cst.If) and is_main_guard(statement.test):
                 continue
-            for node in _walk(statement):
+            for node in walk(statement):
                 if isinstance(node, cst.Call) and (
                     self._callee(node) is not None
                     or self._is_model_or_loader_call(node)
@@ -1303,7 +1303,7 @@ class DistributedDataParallelCodemod(Codemod):
         """The first module-level statement that runs code (None in a file that only defines)."""
         body = self._module.body
         for index, statement in enumerate(body):
-            if index == 0 and _is_docstring(statement):
+            if index == 0 and is_docstring(statement):
                 continue
             if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
                 continue
@@ -1322,7 +1322,7 @@ class DistributedDataParallelCodemod(Codemod):
             if not any(f.value.evaluated_value in LOCAL_RANK_FLAGS for f in flags):
                 continue
             default = keyword_arg(node, "default")
-            if default is not None and any(isinstance(n, cst.SimpleString) and "LOCAL_RANK" in n.value for n in _walk(default.value)):
+            if default is not None and any(isinstance(n, cst.SimpleString) and "LOCAL_RANK" in n.value for n in walk(default.value)):
                 continue
             if default is not None and not (_is_int_literal(default.value) or _is_none(default.value)):
                 self.report(node, "AM509", "`--local_rank` with a computed default: make it `int(os.environ.get(\"LOCAL_RANK\", ...))` by hand: torchrun passes the local rank in the environment, not as a flag")
@@ -1385,7 +1385,7 @@ class DistributedDataParallelCodemod(Codemod):
         """Where the variable is read."""
         if var.is_attribute:
             return [
-                n for n in _walk(var.owner)
+                n for n in walk(var.owner)
                 if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.value.value == "self"
                 and n.attr.value == var.name and not self._is_assign_target(n)
             ]
@@ -1484,7 +1484,7 @@ class DistributedDataParallelCodemod(Codemod):
                     bound = alias.asname.name.value if alias.asname is not None else _last_name(alias.name)
                     if bound == func.value:
                         asname = bound if alias.asname is not None else None
-                        return _dotted(node.module), _last_name(alias.name), asname
+                        return dotted_name(node.module), _last_name(alias.name), asname
         return None
 
     # =====================================================================
@@ -1579,22 +1579,6 @@ def _loop_body(loop: cst.CSTNode) -> cst.CSTNode:
     return loop.body if isinstance(loop, cst.For) else loop
 
 
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))
-
-
-def _dotted(node: cst.BaseExpression) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return f"{_dotted(node.value)}.{node.attr.value}"
-    return ""
-
-
 def _last_name(node: cst.BaseExpression) -> str:
     return node.attr.value if isinstance(node, cst.Attribute) else node.value
 
@@ -1648,24 +1632,6 @@ def _is_plain_reference(node: cst.CSTNode) -> bool:
 
 def _is_backward(call: cst.Call) -> bool:
     return isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
-
-
-def _is_main_test(test: cst.BaseExpression) -> bool:
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
-        return False
-    sides = [test.left, test.comparisons[0].comparator]
-    return isinstance(test.comparisons[0].operator, cst.Equal) and any(
-        isinstance(s, cst.Name) and s.value == "__name__" for s in sides
-    ) and any(isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__" for s in sides)
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
 
 
 def _downloads(call: cst.Call) -> bool:

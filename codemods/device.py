@@ -113,7 +113,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 import libcst as cst
 from libcst.metadata import ClassScope, GlobalScope, ScopeProvider
 
-from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg
+from ._base import Codemod, append_keyword_args, code_of, has_star_args, keyword_arg
 
 RUNTIME_MODULE = "accelmigrate.runtime.device"
 GET_DEVICE = {f"{RUNTIME_MODULE}.get_device", "accelmigrate.runtime.get_device"}
@@ -232,10 +232,6 @@ def method_name(call: cst.Call) -> Optional[str]:
 
 def positional(call: cst.Call) -> list[cst.Arg]:
     return [arg for arg in call.args if arg.keyword is None and not arg.star]
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
 
 
 # -- what a device expression is -----------------------------------------------------------

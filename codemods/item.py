@@ -72,7 +72,7 @@ from typing import Iterable, Iterator, Optional, Union
 import libcst as cst
 from libcst.metadata import GlobalScope, PositionProvider, QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from ._base import Codemod
+from ._base import Codemod, code_of, walk
 
 # -- what the syntax says, without metadata -----------------------------------
 
@@ -196,10 +196,6 @@ GRAPH = Verdict(Need.GRAPH)
 
 def unknown(why: str) -> Verdict:
     return Verdict(Need.UNKNOWN, why)
-
-
-def source_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
 
 
 def method_name(call: cst.Call) -> Optional[str]:
@@ -334,7 +330,7 @@ class Item(Codemod):
 
     def _report_update(self, store: Store) -> None:
         loss, _ = _describe(store)
-        meter = source_of(store.node.func.value)
+        meter = code_of(store.node.func.value)
         self.report(
             store.node,
             "AM203",
@@ -376,10 +372,10 @@ class _Rewriter(cst.CSTTransformer):
 def _describe(store: Store) -> tuple[str, str]:
     """How messages name the stored loss and the accumulator."""
     stored = store.atoms[0][0] if store.atoms else store.values[0]
-    loss = source_of(stored)
+    loss = code_of(stored)
     if not isinstance(stored, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         loss = f"({loss})"
-    return loss, source_of(_holder_of(store.target))
+    return loss, code_of(_holder_of(store.target))
 
 
 def _holder_of(target: Expression) -> Expression:
@@ -579,7 +575,7 @@ class _Analysis:
         for small in smalls:
             if isinstance(small, (cst.Assign, cst.AnnAssign)):
                 bound = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-                if any(id(n) in targets for target in bound for n in _walk(target)):
+                if any(id(n) in targets for target in bound for n in walk(target)):
                     return True
         return False
 
@@ -717,7 +713,7 @@ class _Analysis:
         found: list[cst.CSTNode] = []
         if targets:
             for statement in self._statements_before(name, binder=name.value):
-                assigned = [n for n in _walk(statement) if id(n) in targets]
+                assigned = [n for n in walk(statement) if id(n) in targets]
                 found.extend(assigned)
                 if assigned and self._assigns_plainly(statement, targets):
                     break
@@ -815,7 +811,7 @@ class _Analysis:
         if isinstance(target, cst.Attribute):
             if self._is_self(target.value):
                 return ("attr", target.attr.value)
-            return ("other", source_of(target))
+            return ("other", code_of(target))
         return None
 
     def _is_self(self, node: cst.CSTNode) -> bool:
@@ -918,9 +914,9 @@ class _Analysis:
             return None
         if value is None:
             return f"{name} is bound by `{_first_line(self.statement_of(node))}`"
-        if self._is_fresh(value) or any(isinstance(n, cst.Name) and n.value == name for n in _walk(value)):
+        if self._is_fresh(value) or any(isinstance(n, cst.Name) and n.value == name for n in walk(value)):
             return None
-        return f"{name} is assigned {source_of(value)}, which others may also hold"
+        return f"{name} is assigned {code_of(value)}, which others may also hold"
 
     def _is_fresh(self, value: Expression) -> bool:
         if is_number_literal(value) or isinstance(
@@ -939,10 +935,10 @@ class _Analysis:
             if isinstance(holder, cst.AssignTarget):
                 statement = self.parent(holder)
                 mentions_itself = any(
-                    isinstance(n, cst.Attribute) and n.attr.value == attribute for n in _walk(statement.value)
+                    isinstance(n, cst.Attribute) and n.attr.value == attribute for n in walk(statement.value)
                 )
                 if not (self._is_fresh(statement.value) or mentions_itself):
-                    return unknown(f"the attribute {attribute} is assigned {source_of(statement.value)}")
+                    return unknown(f"the attribute {attribute} is assigned {code_of(statement.value)}")
                 continue
             use = self.classify(node)
             reads += use.need > Need.NONE
@@ -1016,7 +1012,7 @@ class _Analysis:
         if argument.value is not node or not isinstance(call, cst.Call) or call.func is node:
             return unknown("used where it cannot be followed")
         names = self.codemod.qualified_names(call.func)
-        callee = source_of(call.func)
+        callee = code_of(call.func)
         if names & AUTOGRAD_CALLS:
             return GRAPH
         if names & BUILTIN_NUMBER_SINKS:
@@ -1032,7 +1028,7 @@ class _Analysis:
         method = self.method(call)
         if method in STORING_METHODS:
             target = self.accumulator_of(call.func.value)
-            return self._accumulator_verdict(target) if target else unknown(f"stored into {source_of(call.func.value)}")
+            return self._accumulator_verdict(target) if target else unknown(f"stored into {code_of(call.func.value)}")
         if method in LOGGING_METHODS:
             return NUMBER
         parameter = self._parameter_for(call, argument)
@@ -1082,7 +1078,7 @@ class _Analysis:
         accumulator = self.accumulator_of(target)
         if accumulator is not None:
             return self._accumulator_verdict(accumulator)
-        return unknown(f"assigned to {source_of(target)}")
+        return unknown(f"assigned to {code_of(target)}")
 
     def _reads_of(self, target: cst.Name, key: tuple) -> Iterator[cst.CSTNode]:
         """The reads of a variable that can see the value `target` binds: in a
@@ -1226,7 +1222,7 @@ def _always_run(block: cst.BaseSuite) -> Iterator[cst.BaseSmallStatement]:
 
 
 def _first_line(node: Optional[cst.CSTNode]) -> str:
-    text = source_of(node).strip().splitlines()[0] if node is not None else "?"
+    text = code_of(node).strip().splitlines()[0] if node is not None else "?"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -1234,35 +1230,14 @@ def _keyword(call: cst.Call, name: str) -> Optional[cst.Arg]:
     return next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
 
 
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """`node` and everything below it. Reads the dataclass fields directly:
-    LibCST's `children` rebuilds every node it lists, which costs minutes on
-    big files."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        for name in _child_fields(type(current)):
-            value = getattr(current, name)
-            if isinstance(value, cst.CSTNode):
-                stack.append(value)
-            elif isinstance(value, (list, tuple)):
-                stack.extend(item for item in value if isinstance(item, cst.CSTNode))
-
-
-@functools.lru_cache(maxsize=None)
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(node_type))
-
-
 def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
-    return (n for n in _walk(node) if isinstance(n, cst.Name))
+    return (n for n in walk(node) if isinstance(n, cst.Name))
 
 
 def _accumulator_mentions(value: cst.CSTNode) -> list[Expression]:
     """The names and attributes a value reads (`running` in `running + loss`)."""
     mentions = []
-    for node in _walk(value):
+    for node in walk(value):
         if isinstance(node, (cst.Name, cst.Attribute)):
             mentions.append(node)
     return mentions

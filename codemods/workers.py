@@ -99,7 +99,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import Assignment, GlobalScope, PositionProvider, ScopeProvider
 
-from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg
+from ._base import Codemod, append_keyword_args, dotted_name, has_star_args, is_main_guard, keyword_arg
 
 DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 # Modules whose `import *` brings torch's DataLoader in.
@@ -401,7 +401,7 @@ class Workers(Codemod):
                 for access in assignment.references:
                     if isinstance(access.node, cst.Name) and _start(self, access.node) > (end.line, end.column):
                         yield access.node
-        elif isinstance(expression, cst.Attribute) and _dotted(expression):
+        elif isinstance(expression, cst.Attribute) and dotted_name(expression):
             home = _function_of(self, loader)
             for occurrence in m.findall(self._search_area(expression, loader), m.Attribute()):
                 if occurrence.deep_equals(expression) and (
@@ -542,7 +542,7 @@ def _torch_alias(module: cst.Module) -> Optional[str]:
             if not isinstance(small, cst.Import):
                 continue
             for alias in small.names:
-                dotted = _dotted(alias.name)
+                dotted = dotted_name(alias.name)
                 if alias.asname is None and (dotted == "torch" or dotted.startswith("torch.")):
                     return "torch"
                 if alias.asname is not None and dotted == "torch" and isinstance(alias.asname.name, cst.Name):
@@ -556,33 +556,13 @@ def _star_imports(module: cst.Module) -> set[str]:
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
                 if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar) and small.module:
-                    found.add(_dotted(small.module))
+                    found.add(dotted_name(small.module))
     return found
-
-
-def _dotted(node: cst.BaseExpression) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return f"{_dotted(node.value)}.{node.attr.value}"
-    return ""
 
 
 def _has_main_guard(module: cst.Module) -> bool:
     """A module-level `if __name__ == "__main__":` (either way round)."""
-    return any(isinstance(s, cst.If) and _is_main_test(s.test) for s in module.body)
-
-
-def _is_main_test(test: cst.BaseExpression) -> bool:
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
-        return False
-    comparison = test.comparisons[0]
-    if not isinstance(comparison.operator, cst.Equal):
-        return False
-    sides = (test.left, comparison.comparator)
-    names = [s for s in sides if isinstance(s, cst.Name) and s.value == "__name__"]
-    strings = [s for s in sides if isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__"]
-    return len(names) == 1 and len(strings) == 1
+    return any(isinstance(s, cst.If) and is_main_guard(s.test) for s in module.body)
 
 
 def _gpu_uses(cls: cst.ClassDef) -> Iterable[cst.Call]:
@@ -602,7 +582,7 @@ def _names_gpu(value: cst.BaseExpression) -> bool:
     """A device that may be a GPU: "cuda...", or a variable named like a device."""
     if isinstance(value, cst.SimpleString):
         return str(value.evaluated_value).startswith("cuda")
-    name = _dotted(value).rsplit(".", 1)[-1].lower()
+    name = dotted_name(value).rsplit(".", 1)[-1].lower()
     return "device" in name or "cuda" in name or "gpu" in name
 
 
