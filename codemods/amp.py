@@ -384,7 +384,13 @@ class Amp(Codemod):
         "AM416": "apex usage without a native equivalent: apex left in place",
         "AM417": "checkpoint of the optimizer without the scaler's state",
     }
-    triggers = ("backward", "no_grad", "inference_mode", "amp")
+    # Every spelling of what this codemod matches contains one of these: a
+    # training step ("backward"), an evaluation block, or the old AMP APIs,
+    # which are reached through `.amp`, apex, or one of their names.
+    triggers = (
+        "backward", "no_grad", "inference_mode",
+        ".amp", "apex", "autocast", "GradScaler", "custom_fwd", "custom_bwd",
+    )
 
     METADATA_DEPENDENCIES = Codemod.METADATA_DEPENDENCIES + (ScopeProvider, ExpressionContextProvider)
 
