@@ -236,7 +236,11 @@ def run_rank(script: str, script_args: Sequence[str]) -> None:
         error.__traceback__ = _from_frame_of(path, error.__traceback__)
         _write_error_file(error)
         _print_with_rank(traceback.format_exception(error))
-        sys.exit(1)
+        # Not sys.exit: tearing the interpreter down with a process group still
+        # up can abort in gloo's threads (SIGABRT) and hide the real exit code.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _write_error_file(error: BaseException) -> None:
