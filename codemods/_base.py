@@ -166,6 +166,22 @@ class Codemod(cst.CSTTransformer):
             yield current
             current = self.parent(current)
 
+    def assignment_line(self, value: cst.CSTNode) -> Optional[tuple[cst.SimpleStatementLine, cst.Assign]]:
+        """When `value` is the whole right-hand side of `target = value`, a
+        statement alone on its line in a block: that line and the Assign."""
+        assign = self.parent(value)
+        line = self.parent(assign) if isinstance(assign, cst.Assign) else None
+        if (
+            isinstance(assign, cst.Assign)
+            and assign.value is value
+            and len(assign.targets) == 1
+            and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+            and isinstance(self.parent(line), (cst.IndentedBlock, cst.Module))
+        ):
+            return line, assign
+        return None
+
     def innermost_loop(self, node: cst.CSTNode) -> Optional[Union[cst.For, cst.While]]:
         """The loop whose body runs `node` repeatedly, within the same function.
 

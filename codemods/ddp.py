@@ -498,24 +498,18 @@ class DistributedDataParallelCodemod(Codemod):
                 "DataParallel returned from a function: wrap the returned model where it is used, after it is "
                 "on its device: `if is_distributed(): model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))`",
             )
-        line = self.parent(parent) if isinstance(parent, cst.Assign) else None
-        if not (
-            isinstance(parent, cst.Assign)
-            and parent.value is expression
-            and len(parent.targets) == 1
-            and isinstance(line, cst.SimpleStatementLine)
-            and len(line.body) == 1
-            and isinstance(self.parent(line), (cst.IndentedBlock, cst.Module))
-        ):
+        statement = self.assignment_line(expression)
+        if statement is None:
             raise CannotMigrate(
                 call, "AM520",
                 "DataParallel outside a plain `model = nn.DataParallel(...)` statement: replace it by "
                 "DistributedDataParallel by hand, once the model is on its device",
             )
-        model = self._target_var(parent.targets[0].target)
+        line, assign = statement
+        model = self._target_var(assign.targets[0].target)
         if model is None:
             raise CannotMigrate(call, "AM520", "DataParallel assigned to something other than a name or `self.<name>`: wrap the model by hand")
-        return line, parent, model
+        return line, assign, model
 
     def _self_returning_chain(self, call: cst.Call, value: cst.BaseExpression) -> bool:
         """True when `value` is `call` followed by methods that return the model

@@ -102,20 +102,10 @@ class SyncBatchNorm(Codemod):
 
     def _wrap_statement(self, call: cst.Call) -> tuple[Optional[cst.SimpleStatementLine], str]:
         """`model = DistributedDataParallel(model, ...)` on its own line: (line, "model")."""
-        assign = self.parent(call)
-        line = self.parent(assign) if isinstance(assign, cst.Assign) else None
-        if not (
-            isinstance(assign, cst.Assign)
-            and assign.value is call
-            and len(assign.targets) == 1
-            and isinstance(line, cst.SimpleStatementLine)
-            and len(line.body) == 1
-            and isinstance(self.parent(line), (cst.IndentedBlock, cst.Module))
-            and call.args
-            and call.args[0].keyword is None
-            and not call.args[0].star
-        ):
+        statement = self.assignment_line(call)
+        if statement is None or not call.args or call.args[0].keyword is not None or call.args[0].star:
             return None, ""
+        line, assign = statement
         target = self._module.code_for_node(assign.targets[0].target).strip()
         if self._module.code_for_node(call.args[0].value).strip() != target:
             return None, ""
