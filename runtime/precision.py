@@ -1,13 +1,22 @@
 """The 16-bit type that autocast computes in, and the matching gradient scaler.
 
-`autocast_dtype(device)`: bfloat16 where the device computes it natively (CPU,
-CUDA from Ampere on, XPU), float16 on older CUDA GPUs and on MPS.
-ACCELMIGRATE_PRECISION=bf16|fp16|fp32 overrides the choice; fp32 means "no
-mixed precision" and migrated code then passes `enabled=False` to autocast.
+`autocast_dtype(device)`: bfloat16 on GPUs that compute it natively (CUDA
+from Ampere on, XPU), float16 on older CUDA GPUs and on MPS, and float32 (no
+mixed precision) on the CPU. ACCELMIGRATE_PRECISION=bf16|fp16|fp32 overrides
+the choice; fp32 means "no mixed precision" and migrated code then passes
+`enabled=False` to autocast.
 
-`grad_scaler(device, dtype)`: a `torch.amp.GradScaler` that is enabled only
-for float16, whose narrow exponent range needs loss scaling; with bfloat16 or
-float32 it is a no-op and the same training code runs unchanged.
+Why float32 on the CPU: CPU autocast keeps far fewer operations in float32
+than CUDA's (softmax, log_softmax, sum, cumsum, layer_norm, group_norm, exp,
+log and pow all run in bfloat16 there), bfloat16 is slower than float32 on
+CPUs without bfloat16 units, and a migrated script run on a CPU is expected
+to reproduce the original's numbers. ACCELMIGRATE_PRECISION=bf16 opts in.
+
+`grad_scaler(device, dtype, **options)`: a `torch.amp.GradScaler` that is
+enabled only for float16, whose narrow exponent range needs loss scaling;
+with bfloat16 or float32 it is a no-op and the same training code runs
+unchanged. `options` are GradScaler's own (init_scale, growth_interval, ...);
+`enabled=False` keeps it off in every precision.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ def autocast_dtype(device: DeviceLike) -> torch.dtype:
     if forced is not None:
         return forced
     kind = torch.device(device).type
+    if kind == "cpu":
+        return torch.float32
     if kind == "cuda":
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
     if kind == "mps":
@@ -56,9 +67,9 @@ def autocast_dtype(device: DeviceLike) -> torch.dtype:
     return torch.bfloat16
 
 
-def grad_scaler(device: DeviceLike, dtype: torch.dtype) -> torch.amp.GradScaler:
+def grad_scaler(device: DeviceLike, dtype: torch.dtype, enabled: bool = True, **options) -> torch.amp.GradScaler:
     """A GradScaler that scales only float16 losses (a no-op otherwise)."""
-    return torch.amp.GradScaler(torch.device(device).type, enabled=dtype == torch.float16)
+    return torch.amp.GradScaler(torch.device(device).type, enabled=bool(enabled) and dtype == torch.float16, **options)
 
 
 __all__ = ["PRECISION_VARIABLE", "autocast_dtype", "forced_dtype", "grad_scaler"]

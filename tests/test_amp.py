@@ -41,9 +41,11 @@ def test_an_unknown_precision_is_an_error(monkeypatch):
         autocast_dtype(torch.device("cpu"))
 
 
-def test_the_cpu_computes_in_bfloat16(monkeypatch):
+def test_the_cpu_stays_in_float32_unless_bf16_is_asked_for(monkeypatch):
     monkeypatch.delenv(PRECISION_VARIABLE, raising=False)
-    assert autocast_dtype(torch.device("cpu")) == torch.bfloat16
+    assert autocast_dtype(torch.device("cpu")) == torch.float32
+    assert autocast_dtype("cpu") == torch.float32
+    monkeypatch.setenv(PRECISION_VARIABLE, "bf16")
     assert autocast_dtype("cpu") == torch.bfloat16
 
 
@@ -63,6 +65,13 @@ def test_the_scaler_scales_only_float16(dtype, enabled):
     assert scaler.is_enabled() is enabled
     loss = torch.tensor(2.0, requires_grad=True)
     assert scaler.scale(loss).item() == (2.0 * 65536.0 if enabled else 2.0)
+
+
+def test_the_scaler_takes_the_old_options_and_the_users_switch():
+    scaler = grad_scaler("cpu", torch.float16, init_scale=1024.0, growth_interval=10)
+    assert scaler.is_enabled() and scaler.get_scale() == 1024.0
+    assert not grad_scaler("cpu", torch.float16, enabled=False).is_enabled()
+    assert not grad_scaler("cpu", torch.bfloat16, enabled=True).is_enabled()
 
 
 def test_the_migrated_autocast_line_runs_in_fp32_without_warnings(monkeypatch):
@@ -107,7 +116,7 @@ def final_loss(completed: subprocess.CompletedProcess) -> float:
 def test_cuda_only_script_trains_in_bf16_close_to_fp32(tmp_path):
     migrated, code = migrate_script("cuda_only.py", tmp_path)
     assert "torch.autocast(device_type=device.type, dtype=amp_dtype" in code
-    bf16 = final_loss(run_python(migrated, env={PRECISION_VARIABLE: ""}))
+    bf16 = final_loss(run_python(migrated, env={PRECISION_VARIABLE: "bf16"}))
     fp32 = final_loss(run_python(migrated, env={PRECISION_VARIABLE: "fp32"}))
     assert bf16 != fp32, "autocast changed nothing: the forward did not run in bfloat16"
     assert bf16 == pytest.approx(fp32, rel=0.02)
@@ -149,3 +158,68 @@ def test_fp16_gradients_are_unscaled_before_clipping(tmp_path):
     without_unscale.write_text("".join(lines[: unscale[0]] + lines[unscale[0] + 1:]), encoding="utf-8")
     for clip_norm, grad_norm in clip_and_grad_norms(run_python(without_unscale, env={PRECISION_VARIABLE: "fp16"})):
         assert clip_norm / grad_norm == pytest.approx(65536.0, rel=1e-3)
+
+
+# -- the CPU default (issue 8, item 15) and the old API on the policy (item 19) -----
+
+ACCURACY = re.compile(r"accuracy: (\S+)")
+EPOCH_LINE = re.compile(r"epoch \d+ loss: \S+ scale: (\S+) autocast: (\S+)")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the same kernels in every run, and no contention
+
+
+def loss_and_accuracy(completed: subprocess.CompletedProcess) -> tuple[float, float]:
+    match = ACCURACY.search(completed.stdout)
+    assert match, completed.stdout
+    return final_loss(completed), float(match.group(1))
+
+
+@pytest.mark.slow
+def test_a_conv_net_with_a_one_cycle_schedule_keeps_its_numbers_on_the_cpu(tmp_path):
+    """BatchNorm + OneCycleLR(max_lr=0.2), migrated with device,amp and run on a
+    CPU with no setting: float32, so the same operations as the original and
+    the same numbers (tolerance 1e-6, the printed precision). bf16 stays
+    available on request and lands within 0.05 accuracy of it, the spread
+    that float32 itself shows across seeds on such nets."""
+    original = loss_and_accuracy(run_python(SCRIPTS / "amp_conv_onecycle.py", env=ONE_THREAD))
+    migrated, _ = migrate_script("amp_conv_onecycle.py", tmp_path)
+    default = loss_and_accuracy(run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: ""}))
+    assert default[0] == pytest.approx(original[0], rel=1e-6, abs=1e-6)
+    assert default[1] == original[1]
+    bf16 = loss_and_accuracy(run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: "bf16"}))
+    assert bf16[0] != original[0], "ACCELMIGRATE_PRECISION=bf16 changed nothing: autocast did not run"
+    assert abs(bf16[1] - original[1]) <= 0.05
+
+
+def scales_and_dtypes(completed: subprocess.CompletedProcess) -> set[tuple[float, str]]:
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    found = {(float(scale), dtype) for scale, dtype in EPOCH_LINE.findall(completed.stdout)}
+    assert found, completed.stdout
+    return found
+
+
+@pytest.mark.slow
+def test_the_old_cuda_amp_api_follows_the_runtimes_precision_on_a_cpu(tmp_path):
+    """`torch.cuda.amp.autocast()` and `GradScaler()` migrate onto amp_dtype and
+    grad_scaler: on a CPU float32 by default with the scaler off (scale 1), as
+    the original ran there; bf16 on request, the scaler still off; the scaler
+    on (scale 65536 at first) only for fp16."""
+    original = run_python(SCRIPTS / "amp_old_api.py", env=ONE_THREAD)
+    assert scales_and_dtypes(original) == {(1.0, "torch.float32")}
+    migrated, code = migrate_script_with(tmp_path, "amp_old_api.py")
+    assert "grad_scaler(device, amp_dtype)" in code and "from torch.cuda.amp" not in code
+    default = run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: ""})
+    assert scales_and_dtypes(default) == {(1.0, "torch.float32")}
+    assert final_loss(default) == pytest.approx(final_loss(original), rel=1e-6, abs=1e-6)
+    bf16 = run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: "bf16"})
+    assert scales_and_dtypes(bf16) == {(1.0, "torch.bfloat16")}
+    fp16 = scales_and_dtypes(run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: "fp16"}))
+    assert {dtype for _, dtype in fp16} == {"torch.float16"} and all(scale > 1.0 for scale, _ in fp16)
+
+
+def migrate_script_with(tmp_path: Path, name: str) -> tuple[Path, str]:
+    """Migrate with device,amp where the step is native AMP already (AM404, no AM401)."""
+    migration = migrate_source((SCRIPTS / name).read_text(encoding="utf-8"), DEVICE_AND_AMP, name)
+    assert {f.code for f in migration.findings if f.fixed and f.word == "amp"} >= {"AM404"}, migration.findings
+    path = tmp_path / name
+    path.write_text(migration.code, encoding="utf-8")
+    return path, migration.code
