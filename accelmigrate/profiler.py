@@ -196,7 +196,10 @@ def advice(report: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Option
         where = (
             ""
             if device.startswith("cuda")
-            else (" (on a GPU; on a CPU, bfloat16 autocast pays off only on CPUs with bfloat16 units)")
+            else (
+                " (on a GPU; on a CPU a migrated script stays in float32 unless ACCELMIGRATE_PRECISION=bf16, "
+                "which pays off only on CPUs with bfloat16 units)"
+            )
         )
         add("amp", f"compute takes {_percent(1 - timing['data_share'])} of each step: mixed precision{where}")
     if compute_bound and (raw.get("gpu_count") or 0) > 1:
