@@ -5,9 +5,19 @@
     accelmigrate run --slurm-script job.sbatch --nodes 2 --gpus-per-node 4 train.py -- --lr 0.1
 
 The launcher is torchrun itself (`torch.distributed.run`, called in this
-process): `torchrun_args` only builds its argument list. On one machine the
-processes meet on the loopback interface at a port the rendezvous store picks
-when it binds (`127.0.0.1:0`), so two launches never race for a port.
+process): `torchrun_args` only builds its argument list.
+
+On one machine nothing the launch opens listens beyond the loopback
+interface. torch's TCPStore listens on every interface whatever host it is
+given, and torchrun's own rendezvous starts such stores (c10d two, static
+one); so a one-node launch uses `LoopbackRendezvous` instead (registered
+with torchrun as `LOOPBACK_RENDEZVOUS`): one store, bound to 127.0.0.1 at a
+port picked when it binds (two launches never race for a port), which the
+ranks also use as MASTER_ADDR:MASTER_PORT. The ranks' collectives listen
+where GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME say, which a one-node launch
+sets to the loopback interface unless they are set already (gloo otherwise
+listens on the address of the host's name, NCCL on the first network
+interface).
 
 Each process runs the script through this module's `__main__` block
 (`torchrun --module accelmigrate.runner SCRIPT ARGS`), which behaves like
@@ -33,6 +43,7 @@ import socket
 import sys
 import time
 import traceback
+from datetime import timedelta
 from typing import Any, Mapping, Optional, Sequence
 
 import click
@@ -40,7 +51,11 @@ import click
 from . import slurm
 
 RANK_ENTRY = "accelmigrate.runner"
-LOCAL_ENDPOINT = "127.0.0.1:0"
+LOOPBACK = "127.0.0.1"
+LOCAL_ENDPOINT = f"{LOOPBACK}:0"  # the port is picked when the store binds
+LOOPBACK_RENDEZVOUS = "accelmigrate-loopback"
+LOOPBACK_INTERFACES = ("lo", "lo0")  # Linux, macOS and the BSDs
+COLLECTIVES_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _PRECISE_TIME = "accelmigrate_time_ns"
 _SIGNAL_HINTS = {
     "SIGKILL": " (often the kernel's out-of-memory killer)",
@@ -69,7 +84,8 @@ def torchrun_args(
 ) -> list[str]:
     """The argument list for `torch.distributed.run` (torchrun).
 
-    One node without an endpoint: c10d rendezvous on loopback, free port.
+    One node without an endpoint: `LoopbackRendezvous`, which `launch`
+    registers with torchrun (the list is for `launch`, not a torchrun command).
     Several nodes: c10d rendezvous at `rdzv_endpoint` (the first node), or,
     when `node_rank` is given, torchrun's static rendezvous with `rdzv_endpoint`
     as the address of node 0 and this node's fixed rank.
@@ -83,7 +99,8 @@ def torchrun_args(
             raise LaunchError("a launch on several nodes needs --rdzv-endpoint HOST:PORT (the first node's address)")
         if node_rank not in (None, 0):
             raise LaunchError(f"--node-rank {node_rank} on a single node: only rank 0 exists")
-        args += ["--rdzv-backend", "c10d", "--rdzv-endpoint", LOCAL_ENDPOINT, "--rdzv-id", rdzv_id or "local"]
+        args += ["--rdzv-backend", LOOPBACK_RENDEZVOUS, "--rdzv-endpoint", LOCAL_ENDPOINT]
+        args += ["--rdzv-id", rdzv_id or "local"]
     elif node_rank is not None:
         if not 0 <= node_rank < max_nodes:
             raise LaunchError(f"--node-rank {node_rank} is outside 0..{max_nodes - 1}")
@@ -135,6 +152,9 @@ def launch(argv: Sequence[str]) -> int:
     from torch.distributed.run import parse_args, run
 
     args = parse_args(list(argv))
+    if args.rdzv_backend == LOOPBACK_RENDEZVOUS:
+        register_loopback_rendezvous()
+        keep_collectives_on_loopback(os.environ)
     try:
         run(args)
     except ChildFailedError as error:
@@ -145,6 +165,105 @@ def launch(argv: Sequence[str]) -> int:
         click.echo(f"accelmigrate run: stopped by {error.sigval.name}", err=True)
         return 128 + int(error.sigval)
     return 0
+
+
+# --- a launch on this machine alone: loopback only --------------------------------------
+
+
+class LoopbackRendezvous:
+    """torchrun's rendezvous (its RendezvousHandler interface) for a launch on
+    this machine alone: one node, rank 0, and one store listening on
+    127.0.0.1, which the ranks reach as MASTER_ADDR:MASTER_PORT."""
+
+    def __init__(self, run_id: str, timeout_s: int) -> None:
+        self._run_id = run_id
+        self._timeout_s = timeout_s
+        self._store = None  # the current round's, kept alive while its ranks run
+
+    def get_backend(self) -> str:
+        return LOOPBACK_RENDEZVOUS
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True  # the ranks' init_process_group uses this store, not one of their own
+
+    def next_rendezvous(self):
+        from torch.distributed import PrefixStore
+        from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousStoreInfo
+
+        # A new store for every round: the ranks of a restart then never read
+        # the keys (gloo's peer addresses) of the ranks they replace.
+        self._store = loopback_store(self._timeout_s)
+        return RendezvousInfo(
+            PrefixStore(self._run_id, self._store), 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port)
+        )
+
+    def is_closed(self) -> bool:
+        return False
+
+    def set_closed(self) -> None:
+        pass
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+    def shutdown(self) -> bool:
+        return True
+
+
+def _create_loopback_rendezvous(params) -> LoopbackRendezvous:
+    return LoopbackRendezvous(params.run_id, params.get_as_int("timeout", 600))
+
+
+def register_loopback_rendezvous() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, _create_loopback_rendezvous)
+
+
+def loopback_store(timeout_s: int):
+    """A TCPStore server listening on 127.0.0.1 only, at a free port: given
+    a host, TCPStore still listens on every interface, but it listens on a
+    socket it is handed as it is bound."""
+    from torch.distributed import TCPStore
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((LOOPBACK, 0))
+        listener.listen()
+    except OSError:
+        listener.close()
+        raise
+    port = listener.getsockname()[1]
+    return TCPStore(
+        LOOPBACK,
+        port,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),  # the store closes it when it ends
+    )
+
+
+def keep_collectives_on_loopback(environ) -> None:
+    """Point gloo and NCCL at the loopback interface, unless the user chose
+    an interface: each rank listens there for its peers, which on one machine
+    are all local."""
+    interface = loopback_interface()
+    if interface is not None:
+        for name in COLLECTIVES_INTERFACE_VARIABLES:
+            environ.setdefault(name, interface)
+
+
+def loopback_interface() -> Optional[str]:
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:  # no interfaces to list (a sandbox)
+        return None
+    return next((name for name in LOOPBACK_INTERFACES if name in names), None)
 
 
 def first_failure(failures: Mapping[int, Any]) -> int:

@@ -209,9 +209,8 @@ def sbatch_script(script: str, script_args: Sequence[str], job: BatchJob, python
 
 
 def _sbatch_header(script: str, job: BatchJob) -> list[str]:
-    name = job.job_name or PurePath(script).stem or "train"
     options = [
-        ("job-name", name),
+        ("job-name", job.job_name if job.job_name is not None else default_job_name(script)),
         ("nodes", job.nodes),
         ("ntasks-per-node", 1),
         ("gpus-per-node", job.gpus_per_node or None),
@@ -229,3 +228,14 @@ def _sbatch_header(script: str, job: BatchJob) -> list[str]:
             raise SlurmError(f"--{key} {value!r}: an sbatch option value cannot be empty or hold spaces")
         header.append(f"#SBATCH --{key}={value}")
     return header
+
+
+_NOT_IN_JOB_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def default_job_name(script: str) -> str:
+    """The script's file name without its suffix, as a job name that an
+    `#SBATCH` line and the `%x` of the output file take as it is: every run
+    of other characters (spaces, quotes, `%`) becomes one `_`."""
+    name = _NOT_IN_JOB_NAME.sub("_", PurePath(script).stem).strip("_")
+    return name or "train"

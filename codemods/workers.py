@@ -10,22 +10,57 @@ What it does
       (torchrun's LOCAL_WORLD_SIZE), at least 1, at most 8
       (`accelmigrate.runtime.data`). Option `max_workers` (or `workers=N`)
       sets another cap; `max_workers=none` removes it;
-    - `pin_memory=torch.cuda.is_available()`, unless the call sets pin_memory;
-    - `persistent_workers=True`, unless the call sets persistent_workers.
+    - `pin_memory=torch.cuda.is_available()`, unless the call sets pin_memory.
 
     Training, evaluation and test loaders alike; at module level, in
     functions and in methods.
+
+    Option `persistent=true` also adds `persistent_workers=True` (unless the
+    call sets persistent_workers): see "What persistent workers cost" below.
+    It is off by default because it changes a seeded script's results.
 
 Why
     With `num_workers=0` the training loop stops at every batch to read,
     decode and augment its samples on one core while the model waits.
     Worker processes prepare the next batches on the other cores at the same
     time. Pinned (page-locked) host memory lets the copy to the GPU run
-    asynchronously and faster. Persistent workers are started once instead
-    of once per epoch (each start makes the processes and copies the
-    dataset into them).
+    asynchronously and faster.
     Sizing the count from the cores of this process, not the machine, keeps
     it right when the script later runs as several DDP processes per node.
+
+What a seeded script keeps
+    The order of the samples, and the numbers drawn in the main process: the
+    loader draws its workers' base seed and its sampler's seed from torch's
+    global generator (or its `generator=`) once per epoch, at every
+    `iter(loader)`, with or without workers, so a script seeded with
+    `torch.manual_seed` shuffles the same way in every epoch and draws the
+    same dropout masks. (With workers the sampler's seed is drawn at
+    `iter(loader)` rather than at the first batch, which matters only to a
+    draw made between the two.)
+    What changes is randomness inside the dataset (random augmentations in
+    `__getitem__` or its transforms): in worker processes it draws from
+    per-worker generators seeded from the base seed and the worker's index,
+    so those numbers differ from the original run's and depend on the worker
+    count (the machine's cores); and as the main process no longer draws
+    them, its later draws (the next epoch's shuffle, dropout) shift too. The
+    same distribution, not the same numbers: pass a fixed `num_workers` to
+    keep such a run repeatable from machine to machine.
+
+What persistent workers cost (option `persistent=true`)
+    Persistent workers are started once instead of at every epoch (each
+    start makes the processes and copies the dataset into them), which
+    saves that start-up time per epoch. But the loader then makes its
+    iterator once, so it draws the base seed from torch's global generator
+    once instead of once per epoch: from the second epoch on every later
+    draw from that generator (the shuffled order, dropout masks) differs
+    from the original run's, and a seeded script ends with a different loss
+    (from the same distribution). Workers also keep the copy of the dataset
+    they started with, so a change the script makes to it between epochs
+    never reaches them. Choose it when start-up time matters more than
+    repeating earlier runs exactly:
+
+        [tool.accelmigrate.options.workers]
+        persistent = true
 
 Example
     Before::
@@ -46,7 +81,6 @@ Example
             shuffle=True,
             num_workers=default_num_workers(),
             pin_memory=torch.cuda.is_available(),
-            persistent_workers=True,
         )
 
 Left alone (with a finding that says what to do)
@@ -83,12 +117,6 @@ Left alone (with a finding that says what to do)
     torch's DataLoader. A dataset whose class it cannot see (a library's, or
     one passed in as an argument) is taken to be a map-style dataset.
 
-    The numbers a run draws change, not their distribution: workers draw
-    random augmentations from per-worker seeds, and a persistent iterator
-    draws the loader's base seed once instead of once per epoch, so from the
-    second epoch on the shuffled order (and every later draw from torch's
-    global generator, e.g. dropout masks) differs from the original run's.
-    The first epoch sees the same samples in the same order.
 """
 
 from __future__ import annotations
@@ -135,9 +163,9 @@ Definition = Union[cst.ClassDef, cst.FunctionDef]
 
 class Workers(Codemod):
     word = "workers"
-    summary = "DataLoader: worker processes sized to this process's cores, pinned memory, persistent workers"
+    summary = "DataLoader: worker processes sized to this process's cores, pinned memory"
     codes = {
-        "AM101": "DataLoader given worker processes, pinned memory and persistent workers",
+        "AM101": "DataLoader given worker processes and pinned memory",
         "AM102": "DataLoader called with *args or **kwargs: its settings cannot be seen",
         "AM103": "IterableDataset that does not split its stream among workers",
         "AM104": "DataLoader built while the script runs, without an `if __name__ == \"__main__\":` guard",
@@ -151,6 +179,7 @@ class Workers(Codemod):
     @classmethod
     def check_options(cls, options) -> None:
         _cap_argument(options)
+        _persistent_option(options)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -201,7 +230,7 @@ class Workers(Codemod):
         settings = {"num_workers": self._helper_call}
         if _argument(call, "pin_memory") is None:
             settings["pin_memory"] = f"{self._torch or 'torch'}.cuda.is_available()"
-        if _argument(call, "persistent_workers") is None:
+        if _persistent_option(self.options) and _argument(call, "persistent_workers") is None:
             settings["persistent_workers"] = "True"
         return settings
 
@@ -482,7 +511,7 @@ def _fix_message(settings: dict[str, str]) -> str:
 
 _STAR_ARGS_MESSAGE = (
     "DataLoader gets *args or **kwargs, which may already set num_workers or pin_memory: where those arguments "
-    "are built, add num_workers={helper}, pin_memory=torch.cuda.is_available() and persistent_workers=True "
+    "are built, add num_workers={helper} and pin_memory=torch.cuda.is_available() "
     "(from accelmigrate.runtime.data import default_num_workers)"
 )
 
@@ -530,6 +559,18 @@ def _cap_argument(options) -> str:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"max_workers must be a whole number from 1 up, or none; got {raw!r}")
     return f"max_workers={int(text)}"
+
+
+def _persistent_option(options) -> bool:
+    """The `persistent` option: also add persistent_workers=True (off by
+    default, as it changes a seeded script's random stream)."""
+    raw = options.get("persistent")
+    text = str(raw).strip().lower()
+    if raw is None or text in ("false", "no", "off", "0"):
+        return False
+    if text in ("true", "yes", "on", "1"):
+        return True
+    raise ValueError(f"persistent must be true or false; got {raw!r}")
 
 
 def _torch_alias(module: cst.Module) -> Optional[str]:

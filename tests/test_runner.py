@@ -3,8 +3,10 @@
 The launches (two, a few seconds each) use real gloo process groups on the CPU.
 """
 
+import ipaddress
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -13,11 +15,20 @@ from pathlib import Path
 import pytest
 
 from accelmigrate import slurm
-from accelmigrate.runner import LaunchError, exit_code_of, first_failure, torchrun_args
+from accelmigrate.runner import (
+    LOOPBACK_RENDEZVOUS,
+    LaunchError,
+    exit_code_of,
+    first_failure,
+    keep_collectives_on_loopback,
+    loopback_interface,
+    torchrun_args,
+)
 
 from conftest import ROOT, SCRIPTS, run_cli
 
 FAILING_RANK = SCRIPTS / "failing_rank.py"
+LISTENING_SOCKETS = SCRIPTS / "runner_listening_sockets.py"
 
 
 # --- torchrun's arguments -----------------------------------------------------------
@@ -30,7 +41,7 @@ def test_one_node_meets_on_loopback_at_a_port_the_store_picks():
         "--nproc-per-node",
         "2",
         "--rdzv-backend",
-        "c10d",
+        LOOPBACK_RENDEZVOUS,
         "--rdzv-endpoint",
         "127.0.0.1:0",
         "--rdzv-id",
@@ -99,11 +110,20 @@ def test_torchrun_itself_accepts_the_arguments():
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint) == (
         "1",
         "2",
-        "c10d",
+        LOOPBACK_RENDEZVOUS,
         "127.0.0.1:0",
     )
     assert args.module and args.training_script == "accelmigrate.runner"
     assert args.training_script_args == ["train.py", "--epochs", "1"]
+
+
+def test_collectives_are_pointed_at_loopback_unless_the_user_chose():
+    interface = loopback_interface()
+    if interface is None:
+        pytest.skip("no loopback interface to name")
+    environ = {"NCCL_SOCKET_IFNAME": "ib0"}
+    keep_collectives_on_loopback(environ)
+    assert environ == {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": "ib0"}
 
 
 def test_exit_code_follows_the_shell_convention_for_signals():
@@ -262,6 +282,32 @@ def test_the_sbatch_script_runs_torchrun_once_per_node(tmp_path):
     ]
 
 
+def test_a_script_name_with_spaces_gives_a_usable_default_job_name(tmp_path):
+    script = tmp_path / "my train (v2).py"
+    shutil.copy(FAILING_RANK, script)
+    batch = tmp_path / "job.sbatch"
+    done = run_cli("run", "--slurm-script", str(batch), str(script))
+    assert done.returncode == 0, done.stderr
+    text = batch.read_text()
+    assert "#SBATCH --job-name=my_train_v2" in text.splitlines()
+    assert shlex.quote(str(script)) in text
+    assert subprocess.run(["bash", "-n", str(batch)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("stem, name", [("train", "train"), ("a%b'c", "a_b_c"), ("résumé", "r_sum"), ("+++", "train")])
+def test_default_job_names_hold_only_plain_characters(stem, name):
+    assert slurm.default_job_name(f"/data/{stem}.py") == name
+
+
+@pytest.mark.parametrize("given", ["my job", ""])
+def test_a_job_name_the_user_gives_is_checked_not_changed(tmp_path, given):
+    batch = tmp_path / "job.sbatch"
+    done = run_cli("run", "--slurm-script", str(batch), "--job-name", given, str(FAILING_RANK))
+    assert done.returncode == 2
+    assert f"--job-name {given!r}: an sbatch option value cannot be empty or hold spaces" in done.stderr
+    assert not batch.exists()
+
+
 def test_batch_job_options_need_slurm_script():
     done = run_cli("run", "--nodes", "2", str(FAILING_RANK))
     assert done.returncode == 2
@@ -293,3 +339,32 @@ def test_a_successful_launch_runs_every_rank_like_python_would(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank} of 2: sum=2 tag= argv0=failing_rank.py path0_is_script_dir=True" in done.stdout
     assert "failed" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's /proc")
+def test_a_one_node_launch_listens_on_loopback_only(tmp_path):
+    """Every TCP socket that listens in the launch (the launcher's store, each
+    rank's gloo pairs), seen from /proc by rank 0 once the ranks are connected."""
+    done = run_cli("run", "--nproc-per-node", "2", str(LISTENING_SOCKETS), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "processes: 3" in lines  # the launcher and its two ranks
+    addresses = [line.split()[1].rsplit(":", 1)[0].strip("[]") for line in lines if line.startswith("listening: ")]
+    assert len(addresses) >= 3, done.stdout  # the store, and each rank's gloo
+    assert all(ipaddress.ip_address(address).is_loopback for address in addresses), done.stdout
+    interface = loopback_interface()
+    assert f"interfaces: gloo={interface} nccl={interface}" in lines
+
+
+@pytest.mark.slow
+def test_a_restarted_launch_meets_afresh(tmp_path):
+    """With --max-restarts the ranks start again; each round has a store of
+    its own, so a new rank never dials the gloo address of the one it
+    replaced (torchrun's one-node c10d rendezvous reuses its store, and a
+    restart there often fails in connectFullMesh or hangs)."""
+    done = run_cli("run", "--nproc-per-node", "2", "--max-restarts", "1", str(FAILING_RANK), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("rank 1 of 2: sum=2") == 2  # both rounds ran the script
+    assert "connectFullMesh" not in done.stderr
+    assert "rank 1 failed first" in done.stderr
