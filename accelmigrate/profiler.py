@@ -164,8 +164,8 @@ def advice(report: dict[str, Any], raw: dict[str, Any]) -> list[dict[str, Option
         add(
             None,
             f"{_percent(timing['data_share'])} of each step waits for data although the DataLoaders have "
-            "workers: raise num_workers, set pin_memory and persistent_workers, or make __getitem__ cheaper "
-            "(decode once and cache)",
+            "workers: raise num_workers, set pin_memory and persistent_workers (which changes a seeded run's "
+            "later epochs), or make __getitem__ cheaper (decode once and cache)",
         )
 
     memory, kept = report["memory"], report["kept_losses"]
