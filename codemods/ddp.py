@@ -12,17 +12,26 @@ What it does
       after an exception too; a world of one joins nothing);
     - wraps the model in `DistributedDataParallel` once it is on its device:
       in place of `nn.DataParallel`, or else the model whose parameters the
-      optimizer trains (only when there is a process group, so a world of
-      one runs the bare model);
-    - gives each training DataLoader a `DistributedSampler` that carries its
-      old `shuffle=`, calls `<loader>.sampler.set_epoch(epoch)` at the top of
-      the epoch loop, and divides its batch size by the world size, so that
-      the global batch, the steps per epoch and the learning-rate schedule
-      stay what they were (`--to ddp=per-process` keeps the batch per process
-      instead, so the global batch grows with the world size, and scales the
-      optimizers' learning rates linearly);
+      optimizer trains, at the binding that training calls (an optimizer
+      built in a factory from its parameter gets the model wrapped where
+      the factory is called) (only when there is a process group, so a
+      world of one runs the bare model);
+    - gives each training DataLoader a `SeededDistributedSampler` (the
+      runtime's DistributedSampler) that carries its old `shuffle=` (and
+      `generator=`): in a world of one it shuffles exactly as `shuffle=True`
+      did, from the script's own `torch.manual_seed(...)`; across ranks its
+      seed is rank 0's draw from that same seeding. Calls
+      `<loader>.sampler.set_epoch(epoch)` at the top of the epoch loop, and
+      divides the batch size by the world size, so that the global batch,
+      the steps per epoch and the learning-rate schedule stay what they were
+      (`--to ddp=per-process` keeps the batch per process instead, so the
+      global batch grows with the world size, and scales the optimizers'
+      learning rates linearly);
     - prints, logs and writes files (`torch.save`, `open(..., "w")`, ...) on
-      rank 0 only and hides tqdm bars on the other ranks;
+      rank 0 only and hides tqdm bars on the other ranks; where every rank
+      then reads back (`torch.load`, `open`, `numpy.load`) or removes
+      (`os.remove`) a file rank 0 writes earlier in the same function,
+      a `barrier()` comes first, and the removal is rank 0's;
     - reads and writes `state_dict`s (and `.module`) through
       `unwrap_model(model)`, so checkpoint keys carry no `module.` prefix;
     - gives `--local_rank` / `--local-rank` a default read from LOCAL_RANK,
@@ -56,7 +65,7 @@ Example
         if is_distributed():
             model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = DataLoader(train_set, batch_size=per_process_batch_size(256), sampler=DistributedSampler(train_set, num_replicas=world_size(), rank=global_rank(), shuffle=True, seed=0))
+        loader = DataLoader(train_set, batch_size=per_process_batch_size(256), sampler=SeededDistributedSampler(train_set, shuffle=True))
         for epoch in range(10):
             loader.sampler.set_epoch(epoch)
             for x, y in loader:
@@ -78,7 +87,8 @@ Left alone (a finding says what to do by hand)
     epoch loops without a plain loop variable (`while`); output whose
     arguments may run collectives (`print(evaluate(model))`) or that shares
     its line; SummaryWriter; `download=True` on every rank; a `torch.load`
-    that may read what rank 0 is still writing; a file that only defines
+    that may read what rank 0 is still writing elsewhere (another function,
+    or under a branch some ranks may not take); a file that only defines
     (where to call `init_distributed()`). Evaluation DataLoaders stay whole:
     every rank evaluates the full set, so rank 0 prints the numbers a single
     process would. Names the migrated code needs but the file already uses
@@ -95,6 +105,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
 from ._base import Codemod, append_keyword_args, dotted_name, has_star_args, is_docstring, is_main_guard, keyword_arg, walk
+from ._scopes import is_plain_reference, is_unbound, reads_import_of
 
 RUNTIME = "accelmigrate.runtime.distributed"
 
@@ -107,6 +118,7 @@ DISTRIBUTED_DATA_PARALLEL = frozenset(
 DISTRIBUTED_SAMPLER = frozenset(
     {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 )
+RUNTIME_SAMPLER = frozenset({f"{RUNTIME}.SeededDistributedSampler"})
 # What a script that already runs distributed calls; such a script is left to its author.
 ALREADY_DISTRIBUTED = DISTRIBUTED_DATA_PARALLEL | DISTRIBUTED_SAMPLER | {
     "torch.distributed.init_process_group",
@@ -146,6 +158,17 @@ SUMMARY_WRITERS = frozenset(
     {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
 )
 TORCH_LOAD = frozenset({"torch.load"})
+# Where each call names its file: (keyword, position among the positional arguments).
+WRITTEN_PATH = {
+    "torch.save": ("f", 1),
+    "numpy.save": ("file", 0),
+    "numpy.savez": ("file", 0),
+    "numpy.savez_compressed": ("file", 0),
+    "numpy.savetxt": ("fname", 0),
+    "matplotlib.pyplot.savefig": ("fname", 0),
+}
+READ_PATH = {"torch.load": ("f", 0), "numpy.load": ("file", 0), "builtins.open": ("file", 0), "io.open": ("file", 0)}
+REMOVED_PATH = {"os.remove": ("path", 0), "os.unlink": ("path", 0)}
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"})
 
 # Attributes of a model that mean the same on DistributedDataParallel.
@@ -168,16 +191,18 @@ SELF_RETURNING = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfl
 # Names the migrated code uses; a file that binds one of them otherwise is left alone.
 ADDED_NAMES = {
     "DistributedDataParallel": "torch.nn.parallel",
-    "DistributedSampler": "torch.utils.data.distributed",
+    "SeededDistributedSampler": RUNTIME,
     "init_distributed": RUNTIME,
     "is_distributed": RUNTIME,
     "is_main_process": RUNTIME,
     "ddp_device_ids": RUNTIME,
     "unwrap_model": RUNTIME,
     "world_size": RUNTIME,
-    "global_rank": RUNTIME,
     "per_process_batch_size": RUNTIME,
+    "barrier": RUNTIME,
 }
+# Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
+ADDED_WHERE_NEEDED = frozenset({"barrier"})
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 FOLLOW_DEPTH = 3  # how deep into the script's own functions a model or loader is followed
 
@@ -292,6 +317,7 @@ class DistributedDataParallelCodemod(Codemod):
         self._needed: set[str] = set()
         self._set_epoch_planned: set[tuple[cst.CSTNode, str]] = set()
         self._guard_planned: set[cst.CSTNode] = set()
+        self._barrier_planned: set[cst.CSTNode] = set()
         self._training_loaders: list[cst.Call] = []
 
     # =====================================================================
@@ -379,18 +405,19 @@ class DistributedDataParallelCodemod(Codemod):
 
     def _refuse_on_name_clash(self) -> None:
         for node in self._nodes:
-            if not isinstance(node, cst.Name) or node.value not in ADDED_NAMES:
-                continue
-            if self._is_member_name(node):
-                continue
-            expected = f"{ADDED_NAMES[node.value]}.{node.value}"
-            if expected in self.qualified_names(node) or self._imported_from(node, ADDED_NAMES[node.value]):
-                continue
-            raise CannotMigrate(
+            if isinstance(node, cst.Name) and node.value not in ADDED_WHERE_NEEDED and self._clashes(node):
+                raise CannotMigrate(
                 node, "AM530",
                 f"`{node.value}` already names something in this file, and the migrated code needs that name: "
                 f"rename yours, then run ddp again",
             )
+
+    def _clashes(self, node: cst.Name) -> bool:
+        """`node` is a name the migrated code needs, bound to something else here."""
+        if node.value not in ADDED_NAMES or self._is_member_name(node):
+            return False
+        expected = f"{ADDED_NAMES[node.value]}.{node.value}"
+        return expected not in self.qualified_names(node) and not self._imported_from(node, ADDED_NAMES[node.value])
 
     def _is_member_name(self, name: cst.Name) -> bool:
         """An attribute or keyword name: `x.world_size`, `f(world_size=2)`."""
@@ -600,7 +627,8 @@ class DistributedDataParallelCodemod(Codemod):
                 f"and save on rank 0 only",
             )
         model, first_optimizer = next(iter(models.items()))
-        anchor, insert_before = self._bare_model_anchor(model, first_optimizer)
+        model, built_at = self._binding_called_in_training(model, first_optimizer)
+        anchor, insert_before = self._bare_model_anchor(model, built_at)
         wrap = self._ddp_wrap(model)
 
         def apply() -> None:
@@ -609,7 +637,62 @@ class DistributedDataParallelCodemod(Codemod):
             else:
                 self._after.setdefault(anchor, []).append(wrap)
 
-        return model, anchor, first_optimizer, apply
+        return model, anchor, built_at, apply
+
+    def _binding_called_in_training(self, model: Var, optimizer: cst.Call) -> tuple[Var, cst.Call]:
+        """The binding of the optimizer's model that training calls, and the
+        call that builds the optimizer from it there. When the optimizer is
+        built in a factory (`def make_optimizer(model): return SGD(model.parameters())`),
+        wrapping the factory's parameter would wrap a local nobody calls: the
+        wrap goes where the factory is called, on the variable passed to it."""
+        site: cst.Call = optimizer
+        for _ in range(FOLLOW_DEPTH + 1):
+            if self._called_outside_no_grad(model) or self._parameter_of(model) is None:
+                return model, site  # a model built here is wrapped here (and returned wrapped, if it is)
+            caller = self._caller_binding(model)
+            if caller is None:
+                break
+            model, site = caller
+        raise CannotMigrate(
+            optimizer, "AM520",
+            f"the optimizer trains `{model.code}`, but that binding is never called to compute a loss (a parameter of "
+            f"a factory, called from several places or under another name?): wrap the model that the training loop "
+            f"calls, once it is on its device and before the optimizer is built from it: `if is_distributed(): "
+            f"model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))`",
+        )
+
+    def _called_outside_no_grad(self, model: Var) -> bool:
+        """`model(...)` or `model.forward(...)` somewhere gradients are recorded."""
+        for reference, _ in self._followed_references(model):
+            callee, parent = reference, self.parent(reference)
+            if isinstance(parent, cst.Attribute) and parent.value is reference and parent.attr.value == "forward":
+                callee, parent = parent, self.parent(parent)
+            if isinstance(parent, cst.Call) and parent.func is callee and not self._under_no_grad(parent):
+                return True
+        return False
+
+    def _parameter_of(self, var: Var) -> Optional[cst.Param]:
+        """The parameter `var` is, when its function never rebinds it."""
+        if var.is_attribute or not isinstance(getattr(var.owner, "node", None), cst.FunctionDef):
+            return None
+        bindings = list(var.owner.assignments[var.name])
+        return bindings[0].node if len(bindings) == 1 and isinstance(bindings[0].node, cst.Param) else None
+
+    def _caller_binding(self, parameter: Var) -> Optional[tuple[Var, cst.Call]]:
+        """For a parameter of the script's own function, called from one place:
+        the variable passed for it there, and that call."""
+        param = self._parameter_of(parameter)
+        if param is None:
+            return None
+        function = parameter.owner.node
+        sites = [c for c in self._nodes if isinstance(c, cst.Call) and (self._callee(c) or (None,))[0] is function]
+        if len(sites) != 1:
+            return None
+        site = sites[0]
+        skipped = self._callee(site)[1]
+        passed = [a for a in site.args if not a.star and _parameter_for(function, skipped, site, a) is param]
+        outer = self._var_of(passed[0].value) if len(passed) == 1 else None
+        return (outer, site) if outer is not None else None
 
     def _optimizer_calls(self) -> list[cst.Call]:
         found = []
@@ -791,7 +874,7 @@ class DistributedDataParallelCodemod(Codemod):
     def _plan_loaders(self) -> None:
         for call in self._calls_to(DATA_LOADER):
             self._plan_loader(call)
-        if not self._training_loaders and not self._calls_to(DISTRIBUTED_SAMPLER):
+        if not self._training_loaders and not self._calls_to(DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
             self.report(
                 self._nodes_calling_backward()[0], "AM521",
                 "no training DataLoader found to give a DistributedSampler: every rank trains on the same batches "
@@ -801,7 +884,7 @@ class DistributedDataParallelCodemod(Codemod):
 
     def _plan_loader(self, call: cst.Call) -> None:
         sampler = keyword_arg(call, "sampler")
-        if sampler is not None and isinstance(sampler.value, cst.Call) and self.is_call_to(sampler.value, DISTRIBUTED_SAMPLER):
+        if sampler is not None and isinstance(sampler.value, cst.Call) and self.is_call_to(sampler.value, DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
             self._plan_set_epoch_for(call)  # migrated before
             return
         loops = self._batch_loops(call)
@@ -819,7 +902,7 @@ class DistributedDataParallelCodemod(Codemod):
             self.report(
                 call, "AM521",
                 "cannot see where this DataLoader is iterated: if it feeds training, give it "
-                "`sampler=DistributedSampler(dataset, shuffle=...)` instead of `shuffle=`, pass its batch size "
+                "`sampler=SeededDistributedSampler(dataset, shuffle=...)` instead of `shuffle=`, pass its batch size "
                 "through `per_process_batch_size()` and call `loader.sampler.set_epoch(epoch)` at the top of each epoch",
             )
             return
@@ -839,7 +922,7 @@ class DistributedDataParallelCodemod(Codemod):
         if has_star_args(call):
             raise CannotMigrate(
                 call, "AM523",
-                "training DataLoader with `*args`/`**kwargs`: pass `sampler=DistributedSampler(dataset, shuffle=...)` "
+                "training DataLoader with `*args`/`**kwargs`: pass `sampler=SeededDistributedSampler(dataset, shuffle=...)` "
                 "instead of `shuffle=`, and the batch size through `per_process_batch_size()`, by hand",
             )
         for name in ("sampler", "batch_sampler"):
@@ -864,27 +947,25 @@ class DistributedDataParallelCodemod(Codemod):
         shuffle_code = self._code(shuffle.value) if shuffle is not None else "False"
         hoisted = None
         dataset_code = self._code(dataset.value)
-        if not _is_plain_reference(dataset.value):
+        if not is_plain_reference(dataset.value):
             hoisted = self._fresh_name(_dataset_name_for(assign.targets[0].target))
             dataset_code = hoisted
-        sampler_code = (
-            f"DistributedSampler({dataset_code}, num_replicas=world_size(), rank=global_rank(), "
-            f"shuffle={shuffle_code}, seed=0)"
-        )
+        sampler_code = f"SeededDistributedSampler({dataset_code}, shuffle={shuffle_code}{self._sampler_generator(call)})"
         batch_code = self._code(batch.value)
         if self.per_process:
             message = (
-                f"`DistributedSampler(shuffle={shuffle_code})` instead of `shuffle=`; batch size `{batch_code}` kept per "
+                f"`SeededDistributedSampler(shuffle={shuffle_code})` instead of `shuffle=`; batch size `{batch_code}` kept per "
                 f"process (ddp=per-process): the global batch is now `{batch_code}` x world size, with fewer steps per epoch"
             )
         else:
             message = (
-                f"`DistributedSampler(shuffle={shuffle_code})` instead of `shuffle=`; batch size `{batch_code}` split "
+                f"`SeededDistributedSampler(shuffle={shuffle_code})` instead of `shuffle=`, the same order in a world of "
+                f"one; batch size `{batch_code}` split "
                 f"across the processes: the global batch and the steps per epoch stay as they were"
             )
 
         def apply() -> None:
-            self._use("DistributedSampler", "world_size", "global_rank")
+            self._use("SeededDistributedSampler")
             if not self.per_process:
                 self._use("per_process_batch_size")
             if hoisted is not None:
@@ -893,6 +974,20 @@ class DistributedDataParallelCodemod(Codemod):
             self._edits[call] = lambda updated: self._rewrite_loader(updated, sampler_code, hoisted)
 
         self._step(call, "AM504", message, apply)
+
+    def _sampler_generator(self, call: cst.Call) -> str:
+        """`, generator=g` when the DataLoader shuffles with its own generator:
+        the sampler must draw from that same generator object."""
+        generator = keyword_arg(call, "generator")
+        if generator is None or _is_none(generator.value):
+            return ""
+        if not is_plain_reference(generator.value):
+            raise CannotMigrate(
+                call, "AM523",
+                "training DataLoader whose `generator=` is not a plain name: bind the generator to a name and pass "
+                "that, then run ddp again (the sampler must shuffle with the same generator)",
+            )
+        return f", generator={self._code(generator.value)}"
 
     def _rewrite_loader(self, call: cst.Call, sampler_code: str, hoisted: Optional[str]) -> cst.Call:
         sampler = cst.parse_expression(sampler_code, config=self._config)
@@ -1011,7 +1106,7 @@ class DistributedDataParallelCodemod(Codemod):
             raise CannotMigrate(_header(epoch_loop), "AM521", "one-line epoch loop: call `loader.sampler.set_epoch(epoch)` at the top of each epoch by hand")
         if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "set_epoch" for n in walk(epoch_loop.body)):
             return
-        if not _is_plain_reference(loader):
+        if not is_plain_reference(loader):
             raise CannotMigrate(_header(epoch_loop), "AM521", "the training DataLoader has no plain name in the epoch loop: call `loader.sampler.set_epoch(epoch)` by hand")
         key = (epoch_loop, self._code(loader))
         if key in self._set_epoch_planned:
@@ -1036,7 +1131,7 @@ class DistributedDataParallelCodemod(Codemod):
             call, argument = path.pop()
             return self._epoch_loop(call, argument, path, depth)
         function = next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
-        if function is None or depth >= FOLLOW_DEPTH or not _is_plain_reference(loader):
+        if function is None or depth >= FOLLOW_DEPTH or not is_plain_reference(loader):
             return None
         sites = [c for c in self._nodes if isinstance(c, cst.Call) and (self._callee(c) or (None,))[0] is function]
         if len(sites) != 1:
@@ -1093,7 +1188,7 @@ class DistributedDataParallelCodemod(Codemod):
         loggers = self._logger_references()
         # Where the model is called under any name: its forward may broadcast buffers.
         self._model_references = {r for r, _ in self._followed_references(model)} if model is not None else set()
-        saves = False
+        rank_zero_writes: list[cst.CSTNode] = []
         for node in self._nodes:
             if isinstance(node, cst.Call) and self.is_call_to(node, TQDM):
                 self._plan_tqdm(node)
@@ -1111,16 +1206,108 @@ class DistributedDataParallelCodemod(Codemod):
                 )
             elif isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite, cst.With)):
                 kind = self._output_kind(node, loggers)
-                if kind is not None and self._plan_guard(node, kind):
-                    saves = saves or kind == "a file write"
-        if saves:
-            for node in self._nodes:
-                if isinstance(node, cst.Call) and self.is_call_to(node, TORCH_LOAD):
+                if kind is not None and self._plan_guard(node, kind) and kind == "a file write":
+                    rank_zero_writes.append(node)
+        if rank_zero_writes:
+            self._plan_reads_after_writes(rank_zero_writes)
+
+    # -- files rank 0 writes, then every rank reads ------------------------------------
+
+    def _plan_reads_after_writes(self, writes: list[cst.CSTNode]) -> None:
+        """Every rank that reads (or removes) a file rank 0 writes earlier in the
+        same function waits for it at a `barrier()` first; removal is rank 0's
+        alone, once every rank has read it."""
+        written = [(w, self._code(path)) for w in writes for path in [self._written_path(w)] if path is not None]
+        for node in self._nodes:
+            if not isinstance(node, cst.Call):
+                continue
+            removal = self.is_call_to(node, REMOVED_PATH)
+            path = self._path_argument(node, REMOVED_PATH if removal else READ_PATH)
+            if path is None or (not removal and self.is_call_to(node, OPEN) and _opens_for_writing(node)):
+                continue
+            if not any(code == self._code(path) and self._comes_before_in_same_function(w, node) for w, code in written):
+                if self.is_call_to(node, TORCH_LOAD):
                     self.report(
                         node, "AM528",
                         "rank 0 alone writes checkpoints now: if this reads one written during this run, call "
                         "`barrier()` (accelmigrate.runtime.distributed) on every rank between the save and the load",
                     )
+                continue
+            self._plan_barrier_before(node, removal)
+
+    def _written_path(self, write: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        if isinstance(write, cst.With):
+            opened = next(
+                i.item for i in write.items
+                if isinstance(i.item, cst.Call) and self.is_call_to(i.item, OPEN) and _opens_for_writing(i.item)
+            )
+            return self._path_argument(opened, READ_PATH)
+        call = write.body[0].value if isinstance(write.body[0], cst.Expr) else None
+        return self._path_argument(call, WRITTEN_PATH) if isinstance(call, cst.Call) else None
+
+    def _path_argument(self, call: cst.Call, where: dict) -> Optional[cst.BaseExpression]:
+        """The file `call` names, when it is one of `where`'s functions."""
+        name = next((n for n in self.qualified_names(call.func) if n in where), None)
+        if name is None or has_star_args(call):
+            return None
+        keyword, position = where[name]
+        positional = [a for a in call.args if a.keyword is None]
+        given = keyword_arg(call, keyword) or (positional[position] if len(positional) > position else None)
+        return given.value if given is not None else None
+
+    def _comes_before_in_same_function(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        def function(node: cst.CSTNode) -> Optional[cst.CSTNode]:
+            return next((a for a in self.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+
+        return function(first) is function(second) and self._position(first, end=True) <= self._position(second)
+
+    def _plan_barrier_before(self, call: cst.Call, removal: bool) -> None:
+        what = "removes" if removal else "reads"
+        statement, _ = self._block_statement(call)
+        if statement is None or not self._runs_alike_on_every_rank(statement) or any(
+            isinstance(n, cst.Name) and n.value == "barrier" and self._clashes(n) for n in self._nodes
+        ):
+            self.report(
+                call, "AM528",
+                f"every rank {what} a file that rank 0 alone writes earlier: call `barrier()` "
+                f"(accelmigrate.runtime.distributed) on every rank between the write and this line"
+                + (", and remove the file on rank 0 only (after a `barrier()` that follows every read)" if removal else ""),
+            )
+            return
+        if removal and not self._plan_guard(statement, "removing a file rank 0 wrote"):
+            return
+        if statement in self._barrier_planned:
+            return
+        self._barrier_planned.add(statement)
+
+        def apply() -> None:
+            self._use("barrier")
+            barrier = cst.parse_statement(f"barrier(){self._module.default_newline}", config=self._config)
+            self._before.setdefault(statement, []).append(Insertion(barrier, take_leading="all"))
+
+        if removal:
+            message = "`barrier()` before rank 0 removes the file it wrote above: every rank has read it by then"
+        else:
+            message = "`barrier()` before every rank reads the file rank 0 writes above: it is written by then"
+        self._step(call, "AM528", message, apply)
+
+    def _runs_alike_on_every_rank(self, statement: cst.CSTNode) -> bool:
+        """Does every rank reach `statement` as often as the others? Provably when
+        nothing between it and its function branches: only `for` and `with`
+        bodies (a DistributedSampler gives every rank as many batches), or the
+        `__main__` block."""
+        child = statement
+        for ancestor in self.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Module)):
+                return True
+            if isinstance(ancestor, cst.If) and is_main_guard(ancestor.test) and child is ancestor.body:
+                pass
+            elif isinstance(ancestor, cst.For) and child is not ancestor.body:
+                return False
+            elif not isinstance(ancestor, (cst.IndentedBlock, cst.For, cst.With)):
+                return False
+            child = ancestor
+        return True
 
     def _output_kind(self, statement: cst.CSTNode, loggers: set[cst.CSTNode]) -> Optional[str]:
         if isinstance(statement, cst.With):
@@ -1320,6 +1507,10 @@ class DistributedDataParallelCodemod(Codemod):
                 continue
             if default is not None and not (_is_int_literal(default.value) or _is_none(default.value)):
                 self.report(node, "AM509", "`--local_rank` with a computed default: make it `int(os.environ.get(\"LOCAL_RANK\", ...))` by hand: torchrun passes the local rank in the environment, not as a flag")
+                continue
+            scope = self.get_metadata(ScopeProvider, node, None)
+            if not (reads_import_of(scope, "os", "os") or is_unbound(scope, "os")):
+                self.report(node, "AM509", "`--local_rank`: `os` means something else here; give the flag the default `int(os.environ.get(\"LOCAL_RANK\", ...))` by hand: torchrun passes the local rank in the environment, not as a flag")
                 continue
             if default is None or _is_none(default.value):
                 value = 'int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None'
@@ -1615,13 +1806,6 @@ def _is_int_literal(node: cst.CSTNode) -> bool:
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         node = node.expression
     return isinstance(node, cst.Integer)
-
-
-def _is_plain_reference(node: cst.CSTNode) -> bool:
-    """A name or a chain of attributes: cheap and side-effect free to repeat."""
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return isinstance(node, cst.Name)
 
 
 def _is_backward(call: cst.Call) -> bool:

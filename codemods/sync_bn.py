@@ -27,12 +27,22 @@ Example
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
             model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))
 
+    The conversion is spelled with a name that means torch in that scope
+    (`torch`, the script's own alias such as `T` or `nn`, or an added
+    `from torch.nn import SyncBatchNorm` when a local variable is named
+    `torch`). A wrap that passes `process_group=` passes the same group to
+    the conversion, so that the statistics are reduced over the processes
+    whose gradients are.
+
 Left alone
     A model the `ddp` codemod could not wrap (a finding says so), and a file
-    that already calls `convert_sync_batchnorm` itself. The conversion sits in the distributed branch: a world
-    of one keeps its BatchNorm layers. SyncBatchNorm needs GPUs (nccl): torch
-    refuses to synchronise CPU tensors, so a CPU launch of several processes
-    should not use this word.
+    that already calls `convert_sync_batchnorm` itself. A wrap whose process
+    group is not a plain name (`process_group=dist.new_group(...)`) or cannot
+    be seen (`**kwargs`): a finding says to convert with that group by hand.
+    The conversion sits in the distributed branch: a world of one keeps its
+    BatchNorm layers. SyncBatchNorm needs GPUs (nccl): torch refuses to
+    synchronise CPU tensors, so a CPU launch of several processes should not
+    use this word.
 """
 
 from __future__ import annotations
@@ -40,14 +50,20 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
-from ._base import Codemod
+from ._base import Codemod, has_star_args, keyword_arg, walk
+from ._scopes import is_plain_reference, is_unbound, spelling_at
 
 DISTRIBUTED_DATA_PARALLEL = frozenset(
     {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 )
 CONVERT = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm", "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm"})
 TRAINING_SIGNS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.utils.data.DataLoader"})
+# Imported names that can spell SyncBatchNorm, from the outermost module in.
+SYNC_BATCH_NORM_PATHS = (("torch", "nn.SyncBatchNorm"), ("torch.nn", "SyncBatchNorm"), ("torch.nn.SyncBatchNorm", ""))
+# DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, init_sync, process_group, ...)
+PROCESS_GROUP_POSITION = 6
 
 
 class SyncBatchNorm(Codemod):
@@ -57,13 +73,17 @@ class SyncBatchNorm(Codemod):
     codes = {
         "AM540": "BatchNorm layers converted to SyncBatchNorm before wrapping in DDP",
         "AM541": "no DistributedDataParallel wrap found to convert before",
+        "AM542": "the wrap's process group cannot be passed to the conversion",
+        "AM543": "no name for torch.nn.SyncBatchNorm where the conversion goes",
     }
     # The same as ddp's: this word runs on what ddp wrote, which may be new.
     triggers = ("DataParallel", "DataLoader", "optim")
 
+    METADATA_DEPENDENCIES = (*Codemod.METADATA_DEPENDENCIES, ScopeProvider)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._convert_before: dict[cst.CSTNode, str] = {}  # statement -> the model's code
+        self._convert_before: dict[cst.CSTNode, str] = {}  # statement -> the conversion's code
         self._wraps: list[cst.Call] = []
         self._training_sign: Optional[cst.CSTNode] = None  # where to report a missing wrap
 
@@ -93,9 +113,28 @@ class SyncBatchNorm(Codemod):
             return
         if self._converted_already():
             return
-        if self.fix(node, "AM540", f"`{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model})` before wrapping: batch statistics over the global batch (GPUs only)"):
-            self._convert_before[statement] = model
-            self.add_import("torch")
+        group = self._process_group(node)
+        if group is None:
+            self.report(
+                node, "AM542",
+                "the process group of this DistributedDataParallel cannot be repeated here: convert by hand just "
+                "before the wrap, with `convert_sync_batchnorm(model, process_group=<the same group>)`, so that "
+                "batch statistics are reduced over the processes whose gradients are",
+            )
+            return
+        spelling = self._sync_batch_norm_at(node)
+        if spelling is None:
+            self.report(
+                node, "AM543",
+                "no name means torch here (a local variable shadows `torch` and `SyncBatchNorm`): convert by hand "
+                "just before the wrap with `convert_sync_batchnorm`",
+            )
+            return
+        extra = f", process_group={group}" if group else ""
+        convert = f"{model} = {spelling}.convert_sync_batchnorm({model}{extra})"
+        if self.fix(node, "AM540", f"`{convert}` before wrapping: batch statistics over the global batch (GPUs only)"):
+            self._convert_before[statement] = convert
+            self._add_import_for(spelling)
 
     def _is_optimizer(self, call: cst.Call) -> bool:
         return any(n.startswith("torch.optim.") and not n.startswith("torch.optim.lr_scheduler.") for n in self.qualified_names(call.func))
@@ -111,9 +150,43 @@ class SyncBatchNorm(Codemod):
             return None, ""
         return line, target
 
+    def _process_group(self, call: cst.Call) -> Optional[str]:
+        """The wrap's process group as code that reads the same group just
+        before the wrap: "" for the default group, None when it cannot be
+        repeated there (a call, a hidden `**kwargs`)."""
+        if has_star_args(call):
+            return None
+        positional = [a for a in call.args if a.keyword is None]
+        given = keyword_arg(call, "process_group") or (
+            positional[PROCESS_GROUP_POSITION] if len(positional) > PROCESS_GROUP_POSITION else None
+        )
+        if given is None or (isinstance(given.value, cst.Name) and given.value.value == "None"):
+            return ""
+        if not is_plain_reference(given.value):
+            return None
+        return self._module.code_for_node(given.value).strip()
+
+    def _sync_batch_norm_at(self, call: cst.Call) -> Optional[str]:
+        """`torch.nn.SyncBatchNorm`, spelled with a name that reads it where the wrap is."""
+        scope = self.get_metadata(ScopeProvider, call, None)
+        spelled = spelling_at(scope, SYNC_BATCH_NORM_PATHS)
+        if spelled is not None:
+            return spelled
+        if is_unbound(scope, "torch"):
+            return "torch.nn.SyncBatchNorm"
+        if is_unbound(scope, "SyncBatchNorm"):
+            return "SyncBatchNorm"
+        return None
+
+    def _add_import_for(self, spelling: str) -> None:
+        if spelling == "SyncBatchNorm":
+            self.add_import("torch.nn", "SyncBatchNorm")
+        elif spelling.startswith("torch."):
+            self.add_import("torch")
+
     def _converted_already(self) -> bool:
         """The file converts BatchNorm layers itself (before DataParallel, or on a second run)."""
-        return any(self.is_call_to(node, CONVERT) for node in _calls_in(self._module))
+        return any(isinstance(node, cst.Call) and self.is_call_to(node, CONVERT) for node in walk(self._module))
 
     # -- inserting ----------------------------------------------------------------
 
@@ -125,22 +198,11 @@ class SyncBatchNorm(Codemod):
             return list(updated)
         result: list[cst.CSTNode] = []
         for original, statement in zip(originals, updated):
-            model = self._convert_before.get(original)
-            if model is not None:
-                convert = cst.parse_statement(
-                    f"{model} = torch.nn.SyncBatchNorm.convert_sync_batchnorm({model}){self._module.default_newline}",
-                    config=self._module.config_for_parsing,
-                )
+            code = self._convert_before.get(original)
+            if code is not None:
+                convert = cst.parse_statement(f"{code}{self._module.default_newline}", config=self._module.config_for_parsing)
                 result.append(convert.with_changes(leading_lines=statement.leading_lines))
                 statement = statement.with_changes(leading_lines=[])
             result.append(statement)
         return result
 
-
-def _calls_in(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Call):
-            yield current
-        stack.extend(current.children)

@@ -13,7 +13,8 @@ not wrapped).
 Helpers that migrated scripts call: `is_distributed()`, `is_main_process()`,
 `global_rank()`, `world_size()`, `ddp_device_ids(model)`,
 `unwrap_model(model)`, `per_process_batch_size(batch_size)`, `barrier()`,
-`sum_across_ranks(...)` and `mean_across_ranks(total, count)`.
+`sum_across_ranks(...)` and `mean_across_ranks(total, count)`; and
+`SeededDistributedSampler`, the training DataLoader's sampler.
 
 Imports torch and the standard library only.
 """
@@ -30,6 +31,8 @@ from typing import Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import Dataset, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
 
 from . import env
 from .device import get_device
@@ -143,6 +146,42 @@ def per_process_batch_size(batch_size: int) -> int:
     return batch_size // world
 
 
+class SeededDistributedSampler(DistributedSampler):
+    """A DistributedSampler for this launch whose order follows the script's
+    own seeding (`torch.manual_seed(...)`), as `DataLoader(shuffle=True)` did.
+
+    In a world of one (plain `python train.py`) it shuffles exactly as the
+    RandomSampler of `shuffle=True`: each time it is iterated it draws a seed
+    from torch's global generator (or from `generator`, the DataLoader's), so
+    the order of every epoch, and what the global random stream yields after
+    it, are the original's. Across ranks, one seed is drawn at construction
+    and rank 0's is broadcast, so every rank shuffles alike (each then takes
+    its own share) and the seed comes from rank 0's seeding; `set_epoch(epoch)`
+    gives each epoch a new order, as with any DistributedSampler."""
+
+    def __init__(
+        self, dataset: Dataset, shuffle: bool = False, generator: Optional[torch.Generator] = None, drop_last: bool = False
+    ) -> None:
+        sharded = env.world_size() > 1
+        seed = _seed_shared_by_ranks(generator) if shuffle and sharded else 0
+        super().__init__(dataset, num_replicas=env.world_size(), rank=env.rank(), shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.generator = generator
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle and self.num_replicas == 1:
+            return iter(RandomSampler(self.dataset, generator=self.generator))
+        return super().__iter__()
+
+
+def _seed_shared_by_ranks(generator: Optional[torch.Generator]) -> int:
+    """A seed drawn as RandomSampler draws one, the same on every rank (rank 0's)."""
+    seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    if _in_group():
+        seed = seed.to(_collective_device())
+        dist.broadcast(seed, src=0)
+    return int(seed.item())
+
+
 def barrier() -> None:
     """Wait for every rank (e.g. before reading a file that rank 0 writes).
     Every rank must call it: never inside an `if is_main_process():` branch."""
@@ -199,6 +238,7 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 __all__ = [
+    "SeededDistributedSampler",
     "barrier",
     "ddp_device_ids",
     "destroy_distributed",

@@ -7,7 +7,17 @@
   --nproc-per-node 2`, ends with the weights, the validation accuracy, the
   epoch lines and the one checkpoint of the original run in one process;
   shuffled, each rank trains on its own share, in a new order every epoch;
-  and plain `python train.py` still behaves as the original.
+  and plain `python train.py` still behaves as the original;
+- every runnable script that ddp migrates here, run on two gloo processes,
+  ends with the same weights on both ranks (read through
+  fixtures/scripts/ddp_rank_weights.py, which watches the optimizers from
+  outside), and with the weights of the original one-process run where the
+  data order allows it: dp_parity.py, ddp_optimizer_factory.py (the optimizer
+  built in a factory: the wrap must be where training calls the model),
+  ddp_checkpoint_reload.py (rank 0 writes a checkpoint that every rank reads
+  back, and a scratch file it removes) and ddp_seeded_shuffle.py (a seeded
+  shuffle with dropout, whose migration prints exactly the original's losses
+  under plain `python`).
 
 All launches of this module start together, once (they cost seconds each).
 """
@@ -38,6 +48,11 @@ LAUNCH_TIMEOUT = 600
 EPOCHS = 3
 SHUFFLED_EPOCHS = 2
 TRAIN_SAMPLES = 256  # dp_parity.py's training set
+RANK_WEIGHTS = SCRIPTS / "ddp_rank_weights.py"
+# Both ranks apply the same all-reduced gradients to the same parameters.
+RANK_TOLERANCE = 1e-6
+# Two processes on half batches against one on whole ones: float sums in another order.
+ONE_PROCESS_TOLERANCE = 1e-5
 
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
@@ -68,6 +83,34 @@ def test_several_processes_without_a_group_fail_loudly(monkeypatch, world_of_one
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="init_distributed"):
         distributed.is_distributed()
+
+
+@pytest.mark.parametrize("seeded_generator", [False, True])
+def test_world_of_one_sampler_shuffles_as_shuffle_true_did(world_of_one, seeded_generator):
+    """The same order every epoch, and the same random stream after it, as the
+    RandomSampler that `DataLoader(shuffle=True)` builds (torch's global
+    generator, or the loader's own)."""
+    data = list(range(50))
+
+    def orders(make_sampler) -> tuple[list, torch.Tensor]:
+        torch.manual_seed(3)
+        generator = torch.Generator().manual_seed(5) if seeded_generator else None
+        sampler = make_sampler(generator)
+        seen = []
+        for epoch in range(3):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            seen.append(list(sampler))
+        return seen, torch.rand(4)
+
+    original = orders(lambda g: torch.utils.data.RandomSampler(data, generator=g))
+    migrated = orders(lambda g: distributed.SeededDistributedSampler(data, shuffle=True, generator=g))
+    assert migrated[0] == original[0] and original[0][0] != original[0][1]
+    assert torch.equal(migrated[1], original[1])
+
+
+def test_world_of_one_sampler_without_shuffle_is_sequential(world_of_one):
+    assert list(distributed.SeededDistributedSampler(list(range(7)))) == list(range(7))
 
 
 def test_world_of_one_sums_and_means_are_local(world_of_one):
@@ -175,23 +218,48 @@ class Launch:
         return f"exit {self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
 
 
+def _migrated(work: Path, script: str) -> Path:
+    """`accelmigrate apply --to ddp` on a copy of a bundled script."""
+    migrated = work / script
+    shutil.copy(SCRIPTS / script, migrated)
+    applied = run_cli("apply", str(migrated), "--to", "ddp", cwd=work)
+    assert "DistributedDataParallel" in migrated.read_text(), applied.stdout + applied.stderr
+    return migrated
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Migrate dp_parity.py, then start every launch of this module at once."""
+    """Migrate the scripts, then start every launch of this module at once."""
     work = tmp_path_factory.mktemp("ddp")
     train = work / "train.py"
-    shutil.copy(SCRIPTS / "dp_parity.py", train)
-    applied = run_cli("apply", str(train), "--to", "ddp", cwd=work)
-    assert "DistributedDataParallel" in train.read_text(), applied.stdout + applied.stderr
-    folders = {name: work / name for name in ("original", "plain", "ddp", "shuffled", "trace")}
+    shutil.copy(_migrated(work, "dp_parity.py"), train)
+    factory, reload, seeded = (_migrated(work, f"ddp_{name}.py") for name in ("optimizer_factory", "checkpoint_reload", "seeded_shuffle"))
+    names = ("original", "plain", "ddp", "shuffled", "trace", "factory-original", "factory-ddp", "reload-original", "reload-ddp", "seeded-ddp")
+    folders = {name: work / name for name in names}
     for folder in folders.values():
         folder.mkdir()
     python, env = sys.executable, _cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2"]
+
+    def watched(name: str, script: Path, *args: str) -> list[str]:
+        """One process, its optimizers' final parameters kept in folders[name]."""
+        return [python, str(RANK_WEIGHTS), str(folders[name]), str(script), *args]
+
+    def watched_on_two(name: str, script: Path, *args: str) -> list[str]:
+        return [*two, str(RANK_WEIGHTS), "--", str(folders[name]), str(script), *args]
+
     launches = {
-        "original": Launch(work, "original", [python, str(SCRIPTS / "dp_parity.py"), "--out", str(folders["original"]), "--epochs", str(EPOCHS)], env, work),
+        "original": Launch(work, "original", watched("original", SCRIPTS / "dp_parity.py", "--out", str(folders["original"]), "--epochs", str(EPOCHS)), env, work),
         "plain": Launch(work, "plain", [python, str(train), "--out", str(folders["plain"]), "--epochs", str(EPOCHS)], env, work),
-        "ddp": Launch(work, "ddp", [*two, str(train), "--", "--out", str(folders["ddp"]), "--epochs", str(EPOCHS)], env, work),
+        "ddp": Launch(work, "ddp", watched_on_two("ddp", train, "--out", str(folders["ddp"]), "--epochs", str(EPOCHS)), env, work),
+        "factory-original": Launch(work, "factory-original", watched("factory-original", SCRIPTS / "ddp_optimizer_factory.py"), env, work),
+        "factory-ddp": Launch(work, "factory-ddp", watched_on_two("factory-ddp", factory), env, work),
+        "reload-original": Launch(work, "reload-original", watched("reload-original", SCRIPTS / "ddp_checkpoint_reload.py", "--out", str(folders["reload-original"])), env, work),
+        "reload-ddp": Launch(work, "reload-ddp", watched_on_two("reload-ddp", reload, "--out", str(folders["reload-ddp"])), env, work),
+        "seeded-original": Launch(work, "seeded-original", [python, str(SCRIPTS / "ddp_seeded_shuffle.py")], env, work),
+        "seeded-plain": Launch(work, "seeded-plain", [python, str(seeded)], env, work),
+        "seeded-ddp": Launch(work, "seeded-ddp", watched_on_two("seeded-ddp", seeded), env, work),
+        "sampler": Launch(work, "sampler", [*two, str(SCRIPTS / "ddp_sampler_check.py")], env, work),
         "shuffled": Launch(
             work, "shuffled",
             [*two, str(train), "--", "--out", str(folders["shuffled"]), "--epochs", str(SHUFFLED_EPOCHS), "--shuffle", "--trace", str(folders["trace"])],
@@ -308,3 +376,84 @@ def test_runtime_across_two_slurm_tasks(runs):
         assert report["unwrapped"] and report["keys"] == ["bias", "weight"]
         assert report["device_ids"] is None
         assert report["batch"] == 32
+
+
+# -- every rank ends with the same weights --------------------------------------------
+
+
+def _rank_weights(folder: Path) -> list[list[torch.Tensor]]:
+    files = sorted(folder.glob("weights-rank*.pt"))
+    return [torch.load(f) for f in files]
+
+
+def _largest_parameter_difference(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
+    assert [p.shape for p in first] == [p.shape for p in second]
+    return max((a - b).abs().max().item() for a, b in zip(first, second))
+
+
+def _assert_ranks_agree(launch: Launch, folder: Path) -> list[torch.Tensor]:
+    """Both ranks finished and hold the same trained parameters; rank 0's."""
+    assert launch.returncode == 0, launch.describe()
+    ranks = _rank_weights(folder)
+    assert len(ranks) == 2, f"one weights file per rank: {sorted(p.name for p in folder.iterdir())}"
+    assert _largest_parameter_difference(*ranks) <= RANK_TOLERANCE, "the ranks trained different models"
+    return ranks[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, original",
+    [("ddp", "original"), ("factory-ddp", "factory-original"), ("reload-ddp", "reload-original"), ("seeded-ddp", None)],
+)
+def test_both_ranks_end_with_the_same_weights(runs, name, original):
+    """And those of the one-process original, where the data order is the same
+    (unshuffled: half batches on each rank make the original's whole batches).
+    A model wrapped in a function that training never reaches (an optimizer
+    factory) fails here: each rank trains its own copy."""
+    launches, folders, _ = runs
+    weights = _assert_ranks_agree(launches[name], folders[name])
+    if original is not None:
+        assert launches[original].returncode == 0, launches[original].describe()
+        (one_process,) = _rank_weights(folders[original])
+        assert _largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
+
+
+@pytest.mark.slow
+def test_rank_zero_checkpoint_is_read_back_by_every_rank_then_removed(runs):
+    """Each rank waits for the file rank 0 writes before reading it, and the
+    scratch file goes only once every rank has read it."""
+    launches, folders, _ = runs
+    reload = launches["reload-ddp"]
+    assert reload.returncode == 0, reload.describe()
+    assert "FileNotFoundError" not in reload.stderr and "EOFError" not in reload.stderr
+    assert sorted(p.name for p in folders["reload-ddp"].glob("*.pt") if not p.name.startswith("weights-")) == ["best.pt"]
+    best = [line for line in reload.stdout.splitlines() if line.startswith("best val_loss")]
+    assert best == [line for line in launches["reload-original"].stdout.splitlines() if line.startswith("best val_loss")]
+
+
+@pytest.mark.slow
+def test_seeded_shuffle_keeps_its_losses_under_plain_python(runs):
+    """A world of one draws the order from the script's seed as `shuffle=True`
+    did, and leaves the random stream (dropout) as the original did."""
+    launches, _, _ = runs
+    original, plain = launches["seeded-original"], launches["seeded-plain"]
+    assert original.returncode == 0, original.describe()
+    assert plain.returncode == 0, plain.describe()
+    assert len(_epoch_lines(original.stdout)) == 4
+    assert _epoch_lines(plain.stdout) == _epoch_lines(original.stdout)
+
+
+@pytest.mark.slow
+def test_sampler_shuffles_alike_on_every_rank_from_rank_zero_seeding(runs):
+    """Ranks seeded differently still share rank 0's seed: disjoint shares that
+    cover the data set, a new order each epoch."""
+    launches, _, _ = runs
+    launch = launches["sampler"]
+    assert launch.returncode == 0, launch.describe()
+    reports = sorted((json.loads(line) for line in launch.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert reports[0]["seed"] == reports[1]["seed"]
+    for epoch in range(2):
+        first, second = reports[0]["epochs"][epoch], reports[1]["epochs"][epoch]
+        assert not set(first) & set(second) and set(first) | set(second) == set(range(20))
+    assert reports[0]["epochs"][0] != reports[0]["epochs"][1]
