@@ -17,6 +17,8 @@ from ._base import Codemod, Finding
 # The fixed order in which codemods run, whatever the order of the --to words,
 # so that any combination gives the same result. A word missing here runs last.
 ORDER = (
+    "modernize",
+    "main-guard",
     "workers",
     "item",
     "empty-cache",
