@@ -1,0 +1,228 @@
+"""How the cost of analysing one file grows with its size.
+
+Builds one file of about 10 KB, 100 KB, 1 MB and 5 MB of training code
+(copies of a small realistic script, each with its own function and class
+names) and prints, for each size, the CPU time and peak memory of:
+
+  (a) ast.parse + the pre-check (`accelmigrate.codemods.script.precheck`),
+  (b) libcst.parse_module + the script model (`ScriptModel.of`),
+  (c) the current `accelmigrate.engine.migrate_source` with every codemod, in
+      check mode (what `accelmigrate check` runs).
+
+Each measurement runs in a fresh interpreter, so peak memory
+(`ru_maxrss`) is that one stage's, over an interpreter that has only
+imported the tool. Stage (c) skips the sizes after one that ran past the
+budget ("skipped: over budget"). Time per KB should stay about constant
+for (a) and (b).
+
+    python benchmarks/scaling.py [--sizes 10,100,1000,5000] [--budget 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+TEMPLATE = '''
+
+class Net{i}(nn.Module):
+    """A small classifier ({i})."""
+
+    def __init__(self, features=20, hidden=64, classes=4):
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def make_data{i}(n=512, features=20, classes=4):
+    x = torch.randn(n, features)
+    y = (x @ torch.randn(features, classes)).argmax(dim=1)
+    return TensorDataset(x, y)
+
+
+def train{i}(args, model, device, train_loader, optimizer, epoch):
+    model.train()
+    losses = []
+    for batch_idx, (data, target) in enumerate(train_loader):
+        data, target = data.cuda(), target.cuda()
+        optimizer.zero_grad()
+        output = model(data)
+        loss = F.cross_entropy(output, target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss)
+        if batch_idx % args.log_interval == 0:
+            print(f"epoch {{epoch}} batch {{batch_idx}}: {{loss.item():.4f}}")
+    return losses
+
+
+def test{i}(model, device, test_loader):
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for data, target in test_loader:
+            output = model(data.to(device))
+            correct += output.argmax(dim=1).eq(target.to(device)).sum().item()
+    return correct / len(test_loader.dataset)
+
+
+def main{i}(args):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    train_loader = DataLoader(make_data{i}(), batch_size=32, shuffle=True)
+    test_loader = DataLoader(make_data{i}(128), batch_size=128)
+    model = Net{i}().to(device)
+    optimizer = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = StepLR(optimizer, step_size=1, gamma=0.7)
+    for epoch in range(1, args.epochs + 1):
+        train{i}(args, model, device, train_loader, optimizer, epoch)
+        test{i}(model, device, test_loader)
+        scheduler.step()
+    torch.save(model.state_dict(), "model{i}.pt")
+'''
+
+HEADER = '''"""Generated training code for the scaling benchmark."""
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torch.utils.data import DataLoader, TensorDataset
+'''
+
+FOOTER = '''
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--log-interval", type=int, default=10)
+    main0(parser.parse_args())
+'''
+
+STAGES = {
+    "a": "ast.parse + precheck",
+    "b": "libcst.parse_module + ScriptModel",
+    "c": "migrate_source, every codemod (check mode)",
+}
+
+
+def training_code(kilobytes: int) -> str:
+    """About `kilobytes` KB of training code: copies of TEMPLATE."""
+    parts = [HEADER]
+    size, i = len(HEADER), 0
+    while size < kilobytes * 1024:
+        copy = TEMPLATE.format(i=i)
+        parts.append(copy)
+        size += len(copy)
+        i += 1
+    parts.append(FOOTER)
+    return "".join(parts)
+
+
+# -- one measurement (in a fresh interpreter) ------------------------------------
+
+
+def measure(stage: str, kilobytes: int) -> dict:
+    import resource
+
+    source = training_code(kilobytes)
+    run = _stage(stage)
+    start = time.process_time()
+    detail = run(source)
+    cpu = time.process_time() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"stage": stage, "kb": len(source) / 1024, "cpu": cpu, "peak_mb": peak_kb / 1024, "detail": detail}
+
+
+def _stage(stage: str):
+    if stage == "a":
+        from accelmigrate.codemods.script import precheck
+
+        def run(source):
+            facts = precheck(source)  # one ast.parse and one walk
+            return f"{facts.backward_calls} backward calls"
+
+    elif stage == "b":
+        import libcst
+
+        from accelmigrate.codemods.script import ScriptModel
+
+        def run(source):
+            model = ScriptModel.of(libcst.parse_module(source))
+            return f"{len(model.training_steps)} training steps"
+
+    else:
+        from accelmigrate.codemods import resolve
+        from accelmigrate.engine import migrate_source
+
+        plan = [(cls.word, options) for cls, options in resolve(_all_words())]
+
+        def run(source):
+            return f"{len(migrate_source(source, plan, 'generated.py', check_only=True).findings)} findings"
+
+    return run
+
+
+def _all_words() -> dict:
+    from accelmigrate.codemods import all_codemods, words_without_values
+
+    words = {word: {} for word in words_without_values()}
+    for word in all_codemods():
+        words.setdefault(word, {"value": "2"})  # accumulate=2, batch-scale=2
+    return words
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10,100,1000,5000", help="file sizes in KB")
+    parser.add_argument("--budget", type=float, default=120.0, help="CPU seconds (c) may take before larger sizes are skipped")
+    parser.add_argument("--stages", default="abc")
+    parser.add_argument("--child", nargs=2, metavar=("STAGE", "KB"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child[0], int(args.child[1]))))
+        return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"{'stage':44} {'size KB':>9} {'CPU s':>8} {'ms/KB':>7} {'peak MB':>8}  result")
+    for stage in args.stages:
+        over = False
+        for kilobytes in sizes:
+            label = f"({stage}) {STAGES[stage]}"
+            if over:
+                print(f"{label:44} {kilobytes:>9} skipped: over budget")
+                continue
+            limit = args.budget * 2 + 30 if stage == "c" else 1200.0  # wall-clock seconds
+            result = _child(stage, kilobytes, limit)
+            if result is None:
+                print(f"{label:44} {kilobytes:>9} skipped: over budget (stopped after {limit:.0f} s)")
+                over = True
+                continue
+            per_kb = 1000 * result["cpu"] / result["kb"]
+            print(f"{label:44} {result['kb']:>9.0f} {result['cpu']:>8.2f} {per_kb:>7.2f} {result['peak_mb']:>8.0f}  {result['detail']}")
+            over = stage == "c" and result["cpu"] > args.budget
+        sys.stdout.flush()
+
+
+def _child(stage: str, kilobytes: int, limit: float):
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", stage, str(kilobytes)],
+            capture_output=True, text=True, timeout=limit, check=True,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Where a script binds its device.
+
+`device = torch.device(...)` (or the runtime's `get_device()`), a device
+string (`device = "cuda" if torch.cuda.is_available() else "cpu"`), the same
+assigned to `self.device` or `args.device`, a parameter that receives a
+device (`def train(args, model, device, ...)`), and a `--device` flag of
+argparse. Codemods that need the device (autocast needs its type) start
+from these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import libcst as cst
+
+from .._base import code_of
+from .entities import Entities
+from .scopes import Binding, Index, Lines, Scope
+
+DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
+DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})
+DEVICE_FLAGS = frozenset({"--device", "--gpu", "--cuda", "--no-cuda", "--no_cuda"})
+
+
+@dataclasses.dataclass(eq=False)
+class DeviceBinding:
+    """One binding of a device, as the script writes it."""
+
+    name: str  # "device", "self.device", "args.device", "--device"
+    kind: str  # "torch.device", "get_device", "string", "parameter", "flag"
+    node: cst.CSTNode = dataclasses.field(repr=False)  # the target, the Param, or the add_argument call
+    scope: Scope = dataclasses.field(repr=False)
+    lines: "Lines" = dataclasses.field(repr=False, compare=False)  # resolves `line` when asked
+    value: str = ""  # the code of what it is bound to
+
+    @property
+    def line(self) -> int:
+        return self.lines(self.node)
+
+    def __repr__(self) -> str:
+        shown = f" = {self.value}" if self.value else ""
+        return f"DeviceBinding({self.name}{shown} [{self.kind}], line {self.line}, in {self.scope.name})"
+
+
+def device_bindings(index: Index, entities: Entities, lines: Lines) -> list[DeviceBinding]:
+    found = []
+    for scope in index.scopes:
+        for bindings in scope.bindings.values():
+            for binding in bindings:
+                kind = _device_kind(binding, entities)
+                if kind is not None:
+                    value = code_of(binding.value) if binding.value is not None and kind != "parameter" else ""
+                    found.append(DeviceBinding(binding.name, kind, binding.node, scope, lines, value))
+        for call in scope.calls:
+            flag = _device_flag(call)
+            if flag is not None:
+                found.append(DeviceBinding(flag, "flag", call, scope, lines, code_of(call)))
+    return sorted(found, key=lambda d: index.order[d.node])
+
+
+def _device_kind(binding: Binding, entities: Entities) -> Optional[str]:
+    if binding.kind == "param":
+        last = binding.name.rsplit("_", 1)[-1]
+        default = binding.value
+        if binding.name in DEVICE_PARAMETER_NAMES or last == "device" or (default is not None and _is_device_string(default)):
+            return "parameter"
+        return None
+    if binding.value is None or binding.kind != "assign":
+        return None
+    entity = entities.of_binding(binding)
+    if entity is not None and entity.kind == "device":
+        return "get_device" if entity.made_by.endswith("get_device") else "torch.device"
+    return "string" if _is_device_string(binding.value) else None
+
+
+def _is_device_string(value: cst.BaseExpression) -> bool:
+    """"cuda", "cuda:0", f"cuda:{rank}", or a choice between such strings."""
+    if isinstance(value, cst.IfExp):
+        return _is_device_string(value.body) and _is_device_string(value.orelse)
+    if isinstance(value, cst.SimpleString):
+        text = value.evaluated_value
+        return isinstance(text, str) and text.split(":")[0] in DEVICE_STRINGS
+    if isinstance(value, cst.FormattedString):
+        first = value.parts[0] if value.parts else None
+        return isinstance(first, cst.FormattedStringText) and first.value.split(":")[0] in DEVICE_STRINGS
+    return False
+
+
+def _device_flag(call: cst.Call) -> Optional[str]:
+    """`parser.add_argument("--device", ...)`: the flag."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
+        return None
+    for arg in call.args:
+        if arg.keyword is None and isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value in DEVICE_FLAGS:
+            return arg.value.evaluated_value
+    return None
+
+
+__all__ = ["DeviceBinding", "device_bindings"]

@@ -1,0 +1,328 @@
+"""The things a training script builds: models, optimizers, schedulers,
+loaders, datasets, criteria, gradient scalers and devices.
+
+A binding is an entity when its value is a call that makes one, by
+qualified name (`torch.optim.SGD`, `torch.utils.data.DataLoader`, a
+torch.nn layer, a class of the file that derives from `nn.Module` or
+`Dataset`), or a value made from one (`model = Net().to(device)`,
+`model = nn.DataParallel(model)`, `net = model`). A user's own class named
+`DataLoader` is the file's class, not torch's, and makes no loader.
+
+`Entities.of(expression, scope)` answers "what is this name here?": it
+follows the name to its bindings, `self.x` to the assignments of `self.x` in
+the class's methods, and a parameter to the arguments passed at the
+function's call sites in the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import libcst as cst
+
+from .._base import dotted_name, walk
+from . import vocabulary as v
+from .flow import Flow
+from .scopes import Binding, Index, Lines, Scope, positional_parameters
+
+GRAD_SCALER = frozenset(
+    {
+        "torch.amp.GradScaler",
+        "torch.amp.grad_scaler.GradScaler",
+        "torch.cuda.amp.GradScaler",
+        "torch.cuda.amp.grad_scaler.GradScaler",
+        "torch.cpu.amp.GradScaler",
+        "accelmigrate.runtime.precision.grad_scaler",
+    }
+)
+FOLLOW_DEPTH = 4  # how many call sites deep a parameter is followed
+
+
+@dataclasses.dataclass(eq=False)
+class Entity:
+    """A value of one kind bound to a name: `optimizer = torch.optim.SGD(...)`."""
+
+    kind: str  # "model", "optimizer", "scheduler", "loader", "dataset", "criterion", "scaler", "device"
+    name: str  # as bound: "model", "self.model", "args.device"
+    scope: Scope = dataclasses.field(repr=False)
+    made_by: str  # the qualified name of what made it ("torch.optim.SGD", "Net"), or "<name>" it came from
+    at: cst.CSTNode = dataclasses.field(repr=False)  # the target it is bound to (or the call site passing it)
+    lines: "Lines" = dataclasses.field(repr=False, compare=False)  # resolves `line` when asked
+    binding: Binding = dataclasses.field(repr=False)
+    via: Optional["Entity"] = dataclasses.field(default=None, repr=False)  # `model = model.to(device)`
+    layer: bool = dataclasses.field(default=False, repr=False)  # `self.x` of an nn.Module subclass: part of a model
+
+    @property
+    def line(self) -> int:
+        return self.lines(self.at)
+
+    @property
+    def value(self) -> Optional[cst.BaseExpression]:
+        return self.binding.value
+
+    @property
+    def origin(self) -> "Entity":
+        """The entity this one was first made as (through `.to()`, wrappers, aliases)."""
+        current = self
+        while current.via is not None and current.via is not current:
+            current = current.via
+        return current
+
+    def __repr__(self) -> str:
+        return f"{self.kind.capitalize()}({self.name} = {self.made_by}, line {self.line}, in {self.scope.name})"
+
+
+class Entities:
+    """Every entity of the file, and look-ups by use site."""
+
+    def __init__(self, index: Index, flow: Flow, lines: Lines) -> None:
+        self.index = index
+        self.flow = flow
+        self.lines = lines
+        self.by_binding: dict[Binding, Entity] = {}
+        self._class_kinds: dict[cst.ClassDef, Optional[str]] = {}
+        self._returned: dict[cst.FunctionDef, Optional[str]] = {}
+        self._received: dict[Binding, list[Entity]] = {}  # parameter -> what its call sites pass
+        self._star_dataloader = any(m in v.DATALOADER_MODULES for m in index.star_imports)
+        for scope in index.scopes:
+            for bindings in scope.bindings.values():
+                for binding in bindings:
+                    self.of_binding(binding)
+        # every binding is classified now: later look-ups only read
+        self.all: list[Entity] = sorted(self.by_binding.values(), key=lambda e: index.order[e.at])
+
+    def of_kind(self, kind: str) -> list[Entity]:
+        return [e for e in self.all if e.kind == kind]
+
+    # -- classifying bindings ----------------------------------------------------------
+
+    def of_binding(self, binding: Binding) -> Optional[Entity]:
+        if binding in self.by_binding:
+            return self.by_binding[binding]
+        if binding.value is None or binding.kind not in ("assign", "with", "named"):
+            return None
+        self.by_binding[binding] = None  # against cycles (`a = b; b = a`)
+        found = self.kind_of_value(binding.value, binding.scope)
+        if found is None:
+            del self.by_binding[binding]
+            return None
+        kind, made_by, via = found
+        entity = Entity(kind, binding.name, binding.scope, made_by, binding.node, self.lines, binding, via)
+        entity.layer = "." in binding.name and self._in_module_class(binding.scope)
+        self.by_binding[binding] = entity
+        return entity
+
+    def kind_of_value(self, value: cst.BaseExpression, scope: Scope, depth: int = 0) -> Optional[tuple]:
+        """(kind, made_by, via entity) for a value expression, else None."""
+        if isinstance(value, cst.Call):
+            return self._kind_of_call(value, scope, depth)
+        if isinstance(value, cst.IfExp):
+            body, orelse = self.kind_of_value(value.body, scope, depth), self.kind_of_value(value.orelse, scope, depth)
+            if body is not None and orelse is not None and body[0] == orelse[0]:
+                return body
+            return body if orelse is None and _is_none(value.orelse) else None
+        if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.Or):
+            # `device or torch.device("cuda")`, `model or Net()`: whichever side is known
+            left, right = self.kind_of_value(value.left, scope, depth), self.kind_of_value(value.right, scope, depth)
+            return right if left is None or (right is not None and left[0] == right[0]) else (left if right is None else None)
+        if isinstance(value, (cst.Name, cst.Attribute)) and depth < FOLLOW_DEPTH:
+            known = self.of(value, scope, depth + 1)
+            if known is not None:
+                return known.kind, f"<{known.name}>", known
+        return None
+
+    def _kind_of_call(self, call: cst.Call, scope: Scope, depth: int) -> Optional[tuple]:
+        names = self.index.qualified_names(call.func)
+        for name in sorted(names):
+            kind = _kind_of_qualified(name)
+            if kind is not None:
+                via = self._first_argument_entity(call, scope, depth) if kind == "model" and name in _WRAPPERS else None
+                return kind, name, via
+        if self._star_dataloader and isinstance(call.func, cst.Name) and call.func.value == "DataLoader" and not names:
+            return "loader", "torch.utils.data.DataLoader", None
+        if isinstance(call.func, cst.Name):
+            for binding in self.index.bindings_of(call.func.value, scope):
+                kind = self.class_kind(binding.node) if binding.kind == "class" else None
+                if kind is None and binding.kind == "def" and depth < FOLLOW_DEPTH:
+                    kind = self.returned_kind(binding.node, depth + 1)
+                if kind is not None:
+                    return kind, _class_name(binding), None
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in v.SELF_RETURNING_MODULE_METHODS:
+            receiver = call.func.value
+            inner = self.kind_of_value(receiver, scope, depth)
+            if inner is not None and inner[0] == "model":
+                return inner
+        return None
+
+    def _in_module_class(self, scope: Scope) -> bool:
+        klass = scope.enclosing_class
+        return klass is not None and self.class_kind(klass.node) in ("model", "criterion")
+
+    def _first_argument_entity(self, call: cst.Call, scope: Scope, depth: int) -> Optional[Entity]:
+        if not call.args or call.args[0].keyword is not None or call.args[0].star:
+            return None
+        first = call.args[0].value
+        if isinstance(first, (cst.Name, cst.Attribute)):
+            return self.of(first, scope, depth + 1)
+        return None
+
+    def class_kind(self, klass: cst.ClassDef) -> Optional[str]:
+        """"model" for a class of the file deriving (through the file's other
+        classes too) from a torch.nn module, "dataset" from torch's Dataset,
+        "optimizer" from an optimizer class."""
+        if klass in self._class_kinds:
+            return self._class_kinds[klass]
+        self._class_kinds[klass] = None
+        scope = self.index.scope_by_node[klass].parent
+        found = None
+        for base in klass.bases:
+            for name in self.index.qualified_names(base.value):
+                found = found or _kind_of_base(name)
+            if found is None and isinstance(base.value, cst.Name):
+                for binding in self.index.bindings_of(base.value.value, scope):
+                    if binding.kind == "class":
+                        found = found or self.class_kind(binding.node)
+        if found == "model" and klass.name.value.endswith("Loss"):
+            found = "criterion"  # `class FocalLoss(nn.Module)`
+        self._class_kinds[klass] = found
+        return found
+
+    def returned_kind(self, function: cst.FunctionDef, depth: int = 0) -> Optional[str]:
+        """The kind every `return` of a function of the file gives, when they
+        agree (`def make_model(): return Net().to(device)` makes a model)."""
+        if function in self._returned:
+            return self._returned[function]
+        self._returned[function] = None  # against recursion
+        scope = self.index.scope_by_node[function]
+        kinds = {
+            found[0] if found is not None else None
+            for node in walk(function.body, into_definitions=False)
+            if isinstance(node, cst.Return) and node.value is not None and not _is_none(node.value)
+            for found in [self.kind_of_value(node.value, scope, depth)]
+        }
+        kind = kinds.pop() if len(kinds) == 1 else None
+        self._returned[function] = kind
+        return kind
+
+    # -- look-ups by use site ----------------------------------------------------------------
+
+    def of(self, expression: cst.BaseExpression, scope: Scope, depth: int = 0) -> Optional[Entity]:
+        """The entity `expression` (a name, `self.x`, `args.x`) holds at a use in
+        `scope`: the latest binding in reach that is one, followed through
+        parameters to the arguments of the file's call sites."""
+        found = self.all_of(expression, scope, depth)
+        return found[-1] if found else None
+
+    def all_of(self, expression: cst.BaseExpression, scope: Scope, depth: int = 0) -> list[Entity]:
+        if depth > FOLLOW_DEPTH:
+            return []
+        found: list[Entity] = []
+        for binding in self._bindings(expression, scope):
+            if binding.kind == "param":
+                found.extend(self._through_parameter(binding, depth))
+                continue
+            entity = self.of_binding(binding)
+            if entity is not None:
+                found.append(entity)
+        return found
+
+    def _bindings(self, expression: cst.BaseExpression, scope: Scope) -> list[Binding]:
+        if isinstance(expression, cst.Name):
+            return self.index.bindings_of(expression.value, scope)
+        spelled = dotted_name(expression) if isinstance(expression, cst.Attribute) else ""
+        if not spelled:
+            return []
+        root, _, attribute = spelled.partition(".")
+        klass = self._instance_class(root, scope)
+        if klass is not None:
+            return self.attribute_bindings(klass, attribute)
+        return self.index.bindings_of(spelled, scope)
+
+    def _instance_class(self, root: str, scope: Scope) -> Optional[cst.ClassDef]:
+        """The class when `root` is the instance parameter of a method of it."""
+        function = self.flow.function_of(scope)
+        if function is None or not function.is_method:
+            return None
+        params = positional_parameters(function.node)
+        return function.scope.parent.node if params and params[0] == root else None
+
+    def attribute_bindings(self, klass: cst.ClassDef, attribute: str) -> list[Binding]:
+        """The assignments of `self.<attribute>` in the methods of `klass`."""
+        found = []
+        class_scope = self.index.scope_by_node[klass]
+        for bindings in class_scope.bindings.values():
+            for binding in bindings:
+                method = self.flow.functions.get(binding.node) if binding.kind == "def" else None
+                if method is None or not method.is_method:
+                    continue
+                params = positional_parameters(method.node)
+                if params:
+                    found.extend(method.scope.bindings.get(f"{params[0]}.{attribute}", ()))
+        return found
+
+    def _through_parameter(self, binding: Binding, depth: int) -> list[Entity]:
+        if binding in self._received:
+            return self._received[binding]
+        self._received[binding] = []  # against recursion
+        function = self.flow.functions.get(binding.scope.node)
+        if function is None:
+            return []
+        found = self._received[binding] = []
+        for site in function.callers:
+            argument = site.arguments.get(binding.name)
+            if argument is not None and isinstance(argument, (cst.Name, cst.Attribute)):
+                found.extend(self.all_of(argument, site.caller, depth + 1))
+            elif argument is not None:
+                kind = self.kind_of_value(argument, site.caller, depth + 1)
+                if kind is not None:
+                    found.append(Entity(kind[0], binding.name, binding.scope, kind[1], site.call, self.lines, binding, kind[2]))
+        return found
+
+
+_WRAPPERS = v.DATA_PARALLEL | v.DISTRIBUTED_DATA_PARALLEL
+
+
+def _kind_of_qualified(name: str) -> Optional[str]:
+    if v.makes_optimizer(name):
+        return "optimizer"
+    if v.is_scheduler(name):
+        return "scheduler"
+    if name in v.DATALOADER:
+        return "loader"
+    if name in GRAD_SCALER:
+        return "scaler"
+    if name in v.DEVICE_FACTORIES:
+        return "device"
+    if name in _WRAPPERS:
+        return "model"
+    if v.is_loss_class(name):
+        return "criterion"
+    if v.is_module_class(name) or v.is_model_factory(name):
+        return "model"
+    if v.is_dataset_factory(name):
+        return "dataset"
+    return None
+
+
+def _kind_of_base(name: str) -> Optional[str]:
+    if v.is_loss_class(name) or name.endswith("._Loss"):
+        return "criterion"
+    if v.is_module_class(name):
+        return "model"
+    if name in v.DATASET_BASES:
+        return "dataset"
+    if v.makes_optimizer(name) or name in ("torch.optim.Optimizer", "torch.optim.optimizer.Optimizer"):
+        return "optimizer"
+    return None
+
+
+def _class_name(binding: Binding) -> str:
+    return binding.name if binding.scope.kind == "module" else f"{binding.scope.name}.<locals>.{binding.name}"
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+__all__ = ["Entities", "Entity", "GRAD_SCALER"]

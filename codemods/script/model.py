@@ -1,0 +1,211 @@
+"""The script model: one analysis of a training script, read by every codemod.
+
+`ScriptModel.of(module)` (or `.of(wrapper)`, to share the wrapper's
+positions) computes, in a few linear passes over the LibCST tree:
+
+- imports and qualified names (`qualified_names(node)`, `is_call_to(...)`),
+  the names each scope binds (`scopes`), parents (`parent(node)`);
+- entities: models, optimizers, schedulers, loaders, datasets, criteria,
+  gradient scalers (`models`, `optimizers`, ..., `entity(expression)`);
+- training steps (backward, optimizer steps, zero_grad, loss, models) with
+  their loops, and evaluation regions;
+- device bindings, functions with their parameters and call sites, and the
+  entry point.
+
+The facts are plain data classes whose repr a test can print; they point at
+the LibCST nodes (by identity), so a codemod can rewrite what it is told
+about, and give their `line` (looked up on first use: LibCST's positions
+cost more than the parse, and a file with nothing to report never needs them).
+Facts come in source order. `print(model.summary())` shows it all.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper
+
+from .devices import DeviceBinding, device_bindings
+from .entities import Entities, Entity
+from .flow import EntryPoint, Flow, Function
+from .scopes import Binding, Index, Lines, Scope
+from .steps import EvaluationRegion, Loop, Steps, TrainingStep
+
+
+class ScriptModel:
+    """What a training script is made of. Build it with `ScriptModel.of`."""
+
+    def __init__(self, module: cst.Module, lines: Lines) -> None:
+        self.module = module
+        self.line = lines  # `model.line(node)`: positions are resolved on the first call
+        self.index = Index(module)
+        self.flow = Flow(self.index, lines)
+        self._entities = Entities(self.index, self.flow, lines)
+        steps = Steps(self.index, self.flow, self._entities, lines)
+        self.training_steps: list[TrainingStep] = steps.training
+        self.evaluation: list[EvaluationRegion] = steps.evaluation
+        self._steps = steps
+        self.devices: list[DeviceBinding] = device_bindings(self.index, self._entities, lines)
+        self.entry: EntryPoint = self.flow.entry_point()
+
+    @classmethod
+    def of(cls, source: Union[cst.Module, MetadataWrapper]) -> "ScriptModel":
+        """The model of a module. Given the engine's MetadataWrapper, line
+        numbers come from its positions, resolved (once, for the model and the
+        codemods together) only when a line is first asked for."""
+        wrapper = source if isinstance(source, MetadataWrapper) else MetadataWrapper(source, unsafe_skip_copy=True)
+        return cls(wrapper.module, Lines(wrapper))
+
+    # -- positions and structure ------------------------------------------------------------
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.index.parent(node)
+
+    def ancestors(self, node: cst.CSTNode):
+        return self.index.ancestors(node)
+
+    def scope_of(self, node: cst.CSTNode) -> Scope:
+        return self.index.scope_of(node)
+
+    @property
+    def scopes(self) -> list[Scope]:
+        return self.index.scopes
+
+    @property
+    def module_scope(self) -> Scope:
+        return self.index.module_scope
+
+    @property
+    def parents(self) -> dict:
+        """Every node's parent (the same map as `_base.parent_map`)."""
+        return self.index.parents
+
+    # -- names ------------------------------------------------------------------------------
+
+    def qualified_names(self, node: cst.CSTNode) -> frozenset:
+        return self.index.qualified_names(node)
+
+    def is_qualified(self, node: cst.CSTNode, names) -> bool:
+        return self.index.is_qualified(node, names)
+
+    def is_call_to(self, node: cst.CSTNode, names) -> bool:
+        return self.index.is_call_to(node, names)
+
+    def bindings_of(self, name: str, at: cst.CSTNode) -> list[Binding]:
+        """The bindings a use of `name` at `at` may read."""
+        return self.index.bindings_of(name, self.index.scope_of(at))
+
+    @property
+    def imports(self) -> list[Binding]:
+        return [b for s in self.index.scopes for bs in s.bindings.values() for b in bs if b.kind == "import"]
+
+    @property
+    def star_imports(self) -> list[str]:
+        return self.index.star_imports
+
+    # -- entities ---------------------------------------------------------------------------
+
+    def entity(self, expression: cst.BaseExpression) -> Optional[Entity]:
+        """What a name (or `self.x`, `args.x`) holds where it is used."""
+        return self._entities.of(expression, self.index.scope_of(expression))
+
+    def kind_of(self, expression: cst.BaseExpression) -> Optional[str]:
+        """"model", "optimizer", ... for a name or a value expression."""
+        if isinstance(expression, (cst.Name, cst.Attribute)):
+            found = self.entity(expression)
+            return found.kind if found is not None else None
+        found = self._entities.kind_of_value(expression, self.index.scope_of(expression))
+        return found[0] if found is not None else None
+
+    def is_optimizer(self, expression: cst.BaseExpression) -> bool:
+        return self.kind_of(expression) == "optimizer"
+
+    def is_model(self, expression: cst.BaseExpression) -> bool:
+        return self.kind_of(expression) == "model"
+
+    @property
+    def entities(self) -> list[Entity]:
+        return self._entities.all
+
+    @property
+    def models(self) -> list[Entity]:
+        """Models built by the script (not the layers a model class assigns to `self`)."""
+        return [e for e in self._entities.of_kind("model") if not e.layer]
+
+    @property
+    def layers(self) -> list[Entity]:
+        """`self.x = nn.Linear(...)` in the methods of the file's nn.Module classes."""
+        return [e for e in self._entities.of_kind("model") if e.layer]
+
+    @property
+    def optimizers(self) -> list[Entity]:
+        return self._entities.of_kind("optimizer")
+
+    @property
+    def schedulers(self) -> list[Entity]:
+        return self._entities.of_kind("scheduler")
+
+    @property
+    def loaders(self) -> list[Entity]:
+        return self._entities.of_kind("loader")
+
+    @property
+    def datasets(self) -> list[Entity]:
+        return self._entities.of_kind("dataset")
+
+    @property
+    def trained_models(self) -> list[Entity]:
+        """The models whose forward makes a loss that a training step backpropagates."""
+        found: dict[Entity, None] = {}
+        for step in self.training_steps:
+            found.update(dict.fromkeys(step.models))
+        return list(found)
+
+    # -- steps, loops, functions --------------------------------------------------------------
+
+    def steps_in(self, function: str) -> list[TrainingStep]:
+        """The training steps whose backward runs in the function of this qualified name."""
+        return [s for s in self.training_steps if s.function.name == function]
+
+    def loops_around(self, node: cst.CSTNode) -> list[Loop]:
+        return self._steps.loops_around(node)
+
+    def in_evaluation(self, node: cst.CSTNode) -> bool:
+        """Inside a no_grad / inference_mode block or a function decorated with one."""
+        regions = {r.node for r in self.evaluation if r.kind != "eval"}
+        return any(a in regions for a in self.index.ancestors(node))
+
+    @property
+    def functions(self) -> list[Function]:
+        return sorted(self.flow.functions.values(), key=lambda f: self.index.order[f.node])
+
+    def function(self, name: str) -> Optional[Function]:
+        return next((f for f in self.flow.functions.values() if f.name == name), None)
+
+    def function_at(self, node: cst.CSTNode) -> Optional[Function]:
+        """The function whose code holds `node`."""
+        return self.flow.function_of(self.index.scope_of(node))
+
+    # -- printing -----------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """Every fact, one a line: what a reader (or a failing test) looks at."""
+        lines = [f"entry: {self.entry!r}"]
+        lines += [f"import {b.name} -> {b.qualified} ({b.scope.name})" for b in self.imports]
+        lines += [repr(e) + (" [layer]" if e.layer else "") for e in self.entities]
+        lines += [repr(s) for s in self.training_steps]
+        lines += [repr(r) for r in self.evaluation]
+        lines += [repr(d) for d in self.devices]
+        for function in self.functions:
+            lines.append(f"def {function.name}({', '.join(function.parameters)}), line {function.line}: called {function.callers}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"ScriptModel({len(self.training_steps)} training steps, {len(self.models)} models, "
+            f"{len(self.optimizers)} optimizers, {len(self.loaders)} loaders, main guard: {self.entry.main_guard is not None})"
+        )
+
+
+__all__ = ["ScriptModel"]

@@ -1,0 +1,166 @@
+"""Which codemods can apply to a file, from its pre-check facts.
+
+Each rule is a necessary condition for anything its codemod changes or
+reports today, read from the codemod's matching (what `visit_Module` and its
+`visit_*`/`leave_*` methods look for), so a file that fails it is never
+parsed by LibCST for that word. A rule may say yes to a file that the
+codemod then leaves alone (that costs time, never correctness); it must
+never say no to a file that the codemod would touch: tests/test_script_model.py
+proves that over every fixture.
+
+Codemods run one after the other on each other's output, so a word may
+find in the file what an earlier word wrote (`workers` writes
+`torch.cuda.is_available()`, which mentions CUDA). `INTRODUCES` lists what
+each word may write; `words_that_may_apply` adds it to the facts seen by the
+words after it, once the earlier word may apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+from . import vocabulary as v
+from .precheck import ACCUMULATION_CONSTANT, BATCH_SCALE_CONSTANT, DDP_ADDED_NAMES, SourceFacts
+
+Rule = Callable[[SourceFacts], bool]
+
+
+def _workers(f: SourceFacts) -> bool:
+    """A torch DataLoader is constructed (every finding is at such a call)."""
+    return f.dataloader_calls > 0
+
+
+def _item(f: SourceFacts) -> bool:
+    """A backward call: the losses it stores are found from it."""
+    return f.backward_calls > 0
+
+
+def _empty_cache(f: SourceFacts) -> bool:
+    """torch.cuda.empty_cache is named."""
+    return f.empty_cache
+
+
+def _device(f: SourceFacts) -> bool:
+    """Something CUDA (`.cuda(`, `torch.cuda.*`, a "cuda..." string), or torch.load."""
+    return f.mentions_cuda() or f.uses(v.TORCH_LOAD)
+
+
+def _amp(f: SourceFacts) -> bool:
+    """A backward call (a training step), a no_grad/inference_mode region
+    (evaluation), or any mixed-precision API (autocast, GradScaler,
+    torch.cuda.amp, apex)."""
+    return f.backward_calls > 0 or f.no_grad or f.mixed_precision
+
+
+def _ddp(f: SourceFacts) -> bool:
+    """A backward call; else only its refusals can fire: a `--local_rank`
+    flag, a script already distributed, a name it needs already taken, or a
+    DataParallel / DataLoader without a training loop."""
+    return (
+        f.backward_calls > 0
+        or f.local_rank_flag
+        or f.uses(v.ALREADY_DISTRIBUTED | v.DATA_PARALLEL | v.DATALOADER)
+        or not f.names.isdisjoint(DDP_ADDED_NAMES)
+        or f.dataloader_calls > 0
+    )
+
+
+def _sync_bn(f: SourceFacts) -> bool:
+    """A DistributedDataParallel wrap (its own or ddp's), or a sign of training
+    (DataParallel, DataLoader, torch.optim) where it reports a missing wrap."""
+    return _ddp(f) or f.uses(v.DISTRIBUTED_DATA_PARALLEL) or f.uses_prefix("torch.optim.")
+
+
+def _accumulate(f: SourceFacts) -> bool:
+    """A backward call or a `.step(`; or its constant already in the file."""
+    return f.backward_calls > 0 or f.optimizer_steps > 0 or ACCUMULATION_CONSTANT in f.module_constants
+
+
+def _batch_scale(f: SourceFacts) -> bool:
+    """A DataLoader or an optimizer constructed; or its constant already in the file."""
+    return (
+        f.dataloader_calls > 0
+        or any(v.makes_optimizer(q) for q in f.calls)
+        or BATCH_SCALE_CONSTANT in f.module_constants
+    )
+
+
+RULES: Mapping[str, Rule] = {
+    "workers": _workers,
+    "item": _item,
+    "empty-cache": _empty_cache,
+    "device": _device,
+    "amp": _amp,
+    "ddp": _ddp,
+    "sync-bn": _sync_bn,
+    "accumulate": _accumulate,
+    "batch-scale": _batch_scale,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Writes:
+    """What a codemod may add to a file, in pre-check terms."""
+
+    references: frozenset = frozenset()
+    names: frozenset = frozenset()
+    attributes: frozenset = frozenset()
+    methods: frozenset = frozenset()
+
+
+INTRODUCES: Mapping[str, Writes] = {
+    "workers": Writes(
+        references=frozenset({"torch", "torch.cuda.is_available", "accelmigrate.runtime.data.default_num_workers"}),
+        names=frozenset({"torch", "default_num_workers"}),
+        attributes=frozenset({"cuda", "is_available"}),
+    ),
+    "device": Writes(
+        references=frozenset({"torch.device", "accelmigrate.runtime.device.get_device"}),
+        names=frozenset({"device", "get_device", "compute_device"}),
+        methods=frozenset({"to"}),
+    ),
+    "amp": Writes(
+        references=frozenset({"torch.autocast", "torch.amp.GradScaler", "accelmigrate.runtime.precision.grad_scaler"}),
+        names=frozenset({"scaler", "amp_dtype", "autocast_dtype", "grad_scaler"}),
+        methods=frozenset({"scale", "step", "update", "unscale_"}),
+    ),
+    "ddp": Writes(
+        references=frozenset(v.DISTRIBUTED_DATA_PARALLEL | v.DISTRIBUTED_SAMPLER),
+        names=DDP_ADDED_NAMES,
+        methods=frozenset({"set_epoch"}),
+    ),
+    "sync-bn": Writes(references=frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm"})),
+    "accumulate": Writes(names=frozenset({ACCUMULATION_CONSTANT, "no_sync_unless"})),
+}
+
+
+def words_that_may_apply(facts: SourceFacts, words: Sequence[str]) -> list[str]:
+    """The words, in the given (running) order, whose codemod may change or
+    report something in the file these facts describe. An unknown word is
+    kept: without a rule, it may apply."""
+    kept = []
+    for word in words:
+        rule = RULES.get(word)
+        if rule is None or rule(facts):
+            kept.append(word)
+            facts = _with_writes(facts, INTRODUCES.get(word))
+    return kept
+
+
+def _with_writes(facts: SourceFacts, writes) -> SourceFacts:
+    if writes is None:
+        return facts
+    methods = dict(facts.method_calls)
+    for method in writes.methods:
+        methods[method] = methods.get(method, 0) + 1
+    return dataclasses.replace(
+        facts,
+        references=facts.references | writes.references,
+        names=facts.names | writes.names,
+        attributes=facts.attributes | writes.attributes,
+        method_calls=methods,
+    )
+
+
+__all__ = ["INTRODUCES", "RULES", "Rule", "words_that_may_apply"]

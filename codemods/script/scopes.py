@@ -1,0 +1,361 @@
+"""Scopes, bindings and qualified names, from one linear walk of a LibCST module.
+
+LibCST's ScopeProvider answers the same questions, but its cost grows faster
+than the file (each use of a name scans every assignment of it), which makes
+a 5 MB file run for half an hour. This walk visits every node once, records
+for each scope the names it binds (imports, assignments, parameters, loop
+and `with` targets, functions, classes), and resolves a name by looking it up
+in its scope and the enclosing ones: a dictionary look-up per scope level.
+
+Qualified names follow LibCST's: `nn.Linear` after `import torch.nn as nn`
+is `torch.nn.Linear`; a name bound in the file is its own name (`Net`,
+`Trainer.fit`, `main.<locals>.step`); an unbound builtin is `builtins.print`.
+Unlike LibCST, a star import is not resolved (neither resolves it).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+from typing import Iterator, Optional, Union
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from .._base import _child_fields, dotted_name
+
+BUILTINS = frozenset(dir(builtins))
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+Definition = Union[cst.FunctionDef, cst.ClassDef, cst.Lambda]
+
+
+@dataclasses.dataclass(eq=False)
+class Scope:
+    """A module, function, class, lambda or comprehension, and what it binds."""
+
+    kind: str  # "module", "function", "class", "lambda", "comprehension"
+    name: str  # "<module>", "train", "Trainer.fit", "main.<locals>.step"
+    node: cst.CSTNode = dataclasses.field(repr=False)
+    parent: Optional["Scope"] = dataclasses.field(default=None, repr=False)
+    bindings: dict = dataclasses.field(default_factory=dict, repr=False)  # name -> [Binding]
+    declared_global: set = dataclasses.field(default_factory=set, repr=False)
+    calls: list = dataclasses.field(default_factory=list, repr=False)  # the calls its own code makes
+
+    def bind(self, binding: "Binding") -> None:
+        self.bindings.setdefault(binding.name, []).append(binding)
+
+    def __repr__(self) -> str:
+        return f"Scope({self.kind} {self.name}: {', '.join(sorted(self.bindings))})"
+
+    @property
+    def function(self) -> Optional[cst.FunctionDef]:
+        return self.node if isinstance(self.node, cst.FunctionDef) else None
+
+    @property
+    def enclosing_class(self) -> Optional["Scope"]:
+        """The class whose method this function scope is."""
+        return self.parent if self.kind == "function" and self.parent is not None and self.parent.kind == "class" else None
+
+
+@dataclasses.dataclass(eq=False)
+class Binding:
+    """One place a name gets a value. `value` is the expression assigned by a
+    plain `name = value` (or `with value as name`, a parameter's default);
+    None for unpacking, loop targets and definitions. Attribute targets
+    (`self.model = ...`, `args.device = ...`) are bindings too, under their
+    dotted spelling, in the scope that assigns them."""
+
+    name: str
+    kind: str  # "import", "assign", "augassign", "param", "def", "class", "for", "with", "named", "except"
+    node: cst.CSTNode = dataclasses.field(repr=False)  # the target, the definition, the Param or the ImportAlias
+    scope: Scope = dataclasses.field(repr=False)
+    value: Optional[cst.BaseExpression] = dataclasses.field(default=None, repr=False)
+    statement: Optional[cst.CSTNode] = dataclasses.field(default=None, repr=False)
+    qualified: Optional[str] = None  # imports: the module path it binds
+
+    def __repr__(self) -> str:
+        extra = f" -> {self.qualified}" if self.qualified else ""
+        return f"Binding({self.kind} {self.name} in {self.scope.name}{extra})"
+
+
+class Index:
+    """The walk's results: parents, scopes and bindings; name resolution."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        self.scope_of_node: dict[cst.CSTNode, Scope] = {}  # names, calls, statements, definitions
+        self.scopes: list[Scope] = []
+        self.scope_by_node: dict[cst.CSTNode, Scope] = {}  # definition -> the scope it opens
+        self.star_imports: list[str] = []
+        self.order: dict[cst.CSTNode, int] = {}  # source order of names, attributes, calls, parameters, statements
+        self.module_scope = self._new_scope("module", "<module>", module, None)
+        self._memo: dict[tuple[int, str], frozenset] = {}
+        _Walker(self).run()
+
+    # -- structure ----------------------------------------------------------------------
+
+    def _new_scope(self, kind: str, name: str, node: cst.CSTNode, parent: Optional[Scope]) -> Scope:
+        scope = Scope(kind, name, node, parent)
+        self.scopes.append(scope)
+        self.scope_by_node[node] = scope
+        return scope
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.parents.get(node)
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        current = self.parents.get(node)
+        while current is not None:
+            yield current
+            current = self.parents.get(current)
+
+    def scope_of(self, node: cst.CSTNode) -> Scope:
+        """The scope whose code holds `node`."""
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            found = self.scope_of_node.get(current)
+            if found is not None:
+                return found
+            current = self.parents.get(current)
+        return self.module_scope
+
+    # -- names ------------------------------------------------------------------------------
+
+    def home_of(self, name: str, scope: Scope) -> Optional[Scope]:
+        """The scope whose binding of `name` a use in `scope` reads (Python's
+        rule: the innermost binding scope, skipping enclosing class bodies)."""
+        if name in scope.declared_global:
+            return self.module_scope if name in self.module_scope.bindings else None
+        current: Optional[Scope] = scope
+        while current is not None:
+            if name in current.bindings and (current is scope or current.kind != "class"):
+                return current
+            current = current.parent
+        return None
+
+    def bindings_of(self, name: str, scope: Scope) -> list[Binding]:
+        home = self.home_of(name, scope)
+        return home.bindings[name] if home is not None else []
+
+    def names_of(self, name: str, scope: Scope) -> frozenset:
+        """The qualified names a use of `name` in `scope` may have."""
+        key = (id(scope), name)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._resolve(name, scope)
+        return found
+
+    def _resolve(self, name: str, scope: Scope) -> frozenset:
+        home = self.home_of(name, scope)
+        if home is None:
+            return frozenset({f"builtins.{name}"}) if name in BUILTINS else frozenset()
+        found = set()
+        for binding in home.bindings[name]:
+            if binding.kind == "import":
+                found.add(binding.qualified)
+            else:
+                found.add(name if home.kind == "module" else f"{_prefix(home)}{name}")
+        return frozenset(found)
+
+    def qualified_names(self, node: cst.CSTNode) -> frozenset:
+        """For a Name or a chain of attributes on a name (`torch.optim.SGD`):
+        its qualified names, as LibCST's QualifiedNameProvider gives them. As
+        LibCST does, the chain runs through calls and subscripts
+        (`nn.Linear(2, 2).cuda` is `torch.nn.Linear.cuda`), and a chain on a
+        builtin is the builtin (`dict.fromkeys` is `builtins.dict`)."""
+        parts: list[str] = []
+        current = node
+        while isinstance(current, (cst.Attribute, cst.Call, cst.Subscript)):
+            if isinstance(current, cst.Attribute):
+                parts.append(current.attr.value)
+                current = current.value
+            else:
+                current = current.func if isinstance(current, cst.Call) else current.value
+        if not isinstance(current, cst.Name):
+            return frozenset()
+        rest = "".join("." + p for p in reversed(parts))
+        return frozenset(
+            q if q.startswith("builtins.") else q + rest for q in self.names_of(current.value, self.scope_of(current))
+        )
+
+    def is_qualified(self, node: cst.CSTNode, names) -> bool:
+        return not self.qualified_names(node).isdisjoint(names)
+
+    def is_call_to(self, node: cst.CSTNode, names) -> bool:
+        return isinstance(node, cst.Call) and self.is_qualified(node.func, names)
+
+
+class Lines:
+    """Line numbers, looked up when first asked: LibCST's positions cost more
+    than parsing the file, and a codemod that reports nothing never needs them."""
+
+    def __init__(self, source: Union[cst.Module, MetadataWrapper]) -> None:
+        self._wrapper = source if isinstance(source, MetadataWrapper) else MetadataWrapper(source, unsafe_skip_copy=True)
+        self._positions = None
+
+    def __call__(self, node: cst.CSTNode) -> int:
+        if self._positions is None:
+            self._positions = self._wrapper.resolve(PositionProvider)
+        return self._positions[node].start.line
+
+
+_ORDERED = (cst.Name, cst.Attribute, cst.Call, cst.Param, cst.BaseSmallStatement, cst.BaseCompoundStatement)
+
+
+def _prefix(scope: Scope) -> str:
+    """How LibCST prefixes names bound in `scope`: `f.<locals>.`, `Cls.`."""
+    if scope.kind == "class":
+        return f"{scope.name}."
+    return f"{scope.name}.<locals>."
+
+
+class _Walker:
+    """The single walk: an explicit stack of (node, scope), children pushed in
+    reverse so that nodes come in source order."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self.stack: list[tuple[cst.CSTNode, Scope]] = []
+
+    def run(self) -> None:
+        index = self.index
+        self.stack.append((index.module, index.module_scope))
+        parents = index.parents
+        while self.stack:
+            node, scope = self.stack.pop()
+            if isinstance(node, _ORDERED):
+                index.order[node] = len(index.order)
+            if isinstance(node, (cst.Name, cst.Call, cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                index.scope_of_node[node] = scope
+                if isinstance(node, cst.Call):
+                    scope.calls.append(node)
+            kids = children(node)
+            for child in kids:
+                parents[child] = node
+            inner = self._visit(node, scope)
+            if inner is None:
+                self.stack.extend((child, scope) for child in reversed(kids))
+            else:
+                self.stack.extend(reversed(inner))
+
+    def _visit(self, node: cst.CSTNode, scope: Scope) -> Optional[list]:
+        """Record the bindings `node` makes; return its children with the scope
+        each runs in, where that is not `scope` for all of them."""
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return self._definition(node, scope)
+        if isinstance(node, cst.Lambda):
+            inner = self.index._new_scope("lambda", f"{_prefix(scope)}<lambda>", node, scope)
+            self._parameters(node.params, inner)
+            return _split(node, inner, scope, (node.params, node.body))
+        if isinstance(node, cst.Param) and scope.parent is not None:
+            # the name is the function's; the default and annotation are evaluated outside it
+            return _split(node, scope, scope.parent, (node.name,))
+        if isinstance(node, COMPREHENSIONS):
+            inner = self.index._new_scope("comprehension", f"{_prefix(scope)}<comprehension>", node, scope)
+            return [(child, inner) for child in children(node)]
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                self._target(target.target, scope, "assign", node.value, node)
+        elif isinstance(node, cst.AnnAssign):
+            self._target(node.target, scope, "assign", node.value, node)
+        elif isinstance(node, cst.AugAssign):
+            self._target(node.target, scope, "augassign", None, node)
+        elif isinstance(node, (cst.For, cst.CompFor)):
+            self._target(node.target, scope, "for", None, node)
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            self._target(node.asname.name, scope, "with", node.item, node)
+        elif isinstance(node, cst.NamedExpr):
+            self._target(node.target, scope, "named", node.value, node)
+        elif isinstance(node, cst.ExceptHandler) and node.name is not None:
+            self._target(node.name.name, scope, "except", None, node)
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            scope.declared_global.update(item.name.value for item in node.names if isinstance(node, cst.Global))
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            self._import(node, scope)
+        return None
+
+    def _definition(self, node: Union[cst.FunctionDef, cst.ClassDef], scope: Scope) -> list:
+        """The body (and a function's parameters) run in the new scope; the
+        name, decorators, bases and annotations in the enclosing one."""
+        is_class = isinstance(node, cst.ClassDef)
+        name = node.name.value
+        scope.bind(Binding(name, "class" if is_class else "def", node, scope, statement=node))
+        qualified = name if scope.kind == "module" else f"{_prefix(scope)}{name}"
+        inner = self.index._new_scope("class" if is_class else "function", qualified, node, scope)
+        if not is_class:
+            self._parameters(node.params, inner)
+        return _split(node, inner, scope, (node.body, None if is_class else node.params))
+
+    def _parameters(self, params: cst.Parameters, inner: Scope) -> None:
+        for param in _all_params(params):
+            inner.bind(Binding(param.name.value, "param", param, inner, value=param.default, statement=param))
+
+    def _target(self, target: cst.CSTNode, scope: Scope, kind: str, value, statement: cst.CSTNode) -> None:
+        if isinstance(target, cst.Name):
+            scope.bind(Binding(target.value, kind, target, scope, value=value, statement=statement))
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._target(element.value, scope, kind, None, statement)
+        elif isinstance(target, cst.StarredElement):
+            self._target(target.value, scope, kind, None, statement)
+        elif isinstance(target, cst.Attribute):
+            spelled = dotted_name(target)
+            if spelled:
+                scope.bind(Binding(spelled, kind, target, scope, value=value, statement=statement))
+
+    def _import(self, node: Union[cst.Import, cst.ImportFrom], scope: Scope) -> None:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                path = dotted_name(alias.name)
+                if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                    scope.bind(Binding(alias.asname.name.value, "import", alias, scope, statement=node, qualified=path))
+                else:
+                    root = path.split(".")[0]
+                    scope.bind(Binding(root, "import", alias, scope, statement=node, qualified=root))
+            return
+        module = "." * len(node.relative) + (dotted_name(node.module) if node.module is not None else "")
+        if isinstance(node.names, cst.ImportStar):
+            self.index.star_imports.append(module)
+            return
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            local = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) else name
+            qualified = f"{module}{name}" if module.endswith(".") or not module else f"{module}.{name}"
+            scope.bind(Binding(local, "import", alias, scope, statement=node, qualified=qualified))
+
+
+def _split(node: cst.CSTNode, inner: Scope, outer: Scope, inside: tuple) -> list:
+    """`node`'s children, those in `inside` with the `inner` scope."""
+    return [(child, inner if any(child is i for i in inside) else outer) for child in children(node)]
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    children: list[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            children.append(value)
+        elif isinstance(value, (list, tuple)):
+            children.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return children
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            found.append(star)
+    return found
+
+
+def parameter_names(function: cst.FunctionDef) -> list[str]:
+    """The names a function receives, in order (`*args`, `**kwargs` included)."""
+    return [p.name.value for p in _all_params(function.params)]
+
+
+def positional_parameters(function: cst.FunctionDef) -> list[str]:
+    return [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+
+
+__all__ = ["BUILTINS", "Binding", "Index", "Lines", "Scope", "children", "parameter_names", "positional_parameters"]

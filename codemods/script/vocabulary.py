@@ -1,0 +1,198 @@
+"""What torch (and the libraries around it) call things, by qualified name.
+
+One home for the names every codemod matches: the optimizer packages, the
+learning-rate schedulers, DataLoader, the nn.Module classes, no_grad and
+autocast, the device factories. Both the `ast` pre-check and the script model
+read these, so a spelling added here reaches every codemod at once.
+"""
+
+from __future__ import annotations
+
+DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+# Modules whose `import *` brings torch's DataLoader in (LibCST leaves the name unresolved).
+DATALOADER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.dataloader"})
+
+DATA_PARALLEL = frozenset(
+    {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
+)
+DISTRIBUTED_DATA_PARALLEL = frozenset(
+    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+)
+DISTRIBUTED_SAMPLER = frozenset(
+    {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+)
+# What a script that already runs distributed calls.
+ALREADY_DISTRIBUTED = DISTRIBUTED_DATA_PARALLEL | DISTRIBUTED_SAMPLER | {
+    "torch.distributed.init_process_group",
+    "torch.multiprocessing.spawn",
+    "torch.multiprocessing.start_processes",
+}
+
+EMPTY_CACHE = frozenset({"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"})
+TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
+TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})
+AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
+CLIP_GRAD_PREFIX = "torch.nn.utils.clip_grad"
+
+NO_GRAD = frozenset(
+    {
+        "torch.no_grad",
+        "torch.inference_mode",
+        "torch.autograd.no_grad",
+        "torch.autograd.grad_mode.no_grad",
+        "torch.autograd.inference_mode",
+        "torch.autograd.grad_mode.inference_mode",
+    }
+)
+AUTOCAST = frozenset(
+    {
+        "torch.autocast",
+        "torch.amp.autocast",
+        "torch.amp.autocast_mode.autocast",
+        "torch.cuda.amp.autocast",
+        "torch.cuda.amp.autocast_mode.autocast",
+        "torch.cpu.amp.autocast",
+        "torch.cpu.amp.autocast_mode.autocast",
+    }
+)
+# Every mixed-precision API of torch lives under one of these.
+AMP_PREFIXES = ("torch.amp.", "torch.cuda.amp.", "torch.cpu.amp.")
+# The bare names of the mixed-precision API (also reached by `import *`).
+AMP_NAMES = frozenset({"autocast", "GradScaler", "custom_fwd", "custom_bwd"})
+
+DEVICE_FACTORIES = frozenset(
+    {"torch.device", "accelmigrate.runtime.device.get_device", "accelmigrate.runtime.get_device"}
+)
+
+VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
+
+# -- optimizers and schedulers -------------------------------------------------
+
+OPTIMIZER_PACKAGES = (
+    "torch.optim.",
+    "torch.distributed.optim.",
+    "apex.optimizers.",
+    "bitsandbytes.optim.",
+    "torch_optimizer.",
+    "timm.optim.",
+    "lion_pytorch.",
+)
+# Optimizer classes that live in packages of other things.
+OPTIMIZER_CLASSES = frozenset(
+    {
+        "transformers.AdamW",
+        "transformers.Adafactor",
+        "transformers.optimization.AdamW",
+        "transformers.optimization.Adafactor",
+        "bitsandbytes.optim.AdamW8bit",
+    }
+)
+# Functions that build an optimizer.
+OPTIMIZER_FACTORIES = frozenset({"timm.optim.create_optimizer", "timm.optim.create_optimizer_v2"})
+NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
+
+
+def makes_optimizer(qualified: str) -> bool:
+    """Does calling `qualified` make an optimizer? `torch.optim.SGD`,
+    `apex.optimizers.FusedAdam`, `transformers.AdamW`, timm's factories (classes
+    are named with a capital; the schedulers under torch.optim are not optimizers)."""
+    if qualified in OPTIMIZER_CLASSES or qualified in OPTIMIZER_FACTORIES:
+        return True
+    last = qualified.rsplit(".", 1)[-1]
+    return qualified.startswith(OPTIMIZER_PACKAGES) and not qualified.startswith(NOT_OPTIMIZERS) and last[:1].isupper()
+
+
+def is_scheduler(qualified: str) -> bool:
+    """A learning-rate scheduler's class or factory (torch, transformers, timm ...)."""
+    if qualified.startswith("torch.optim.lr_scheduler."):
+        return qualified.rsplit(".", 1)[-1][:1].isupper()
+    if qualified == "torch.optim.swa_utils.SWALR":
+        return True
+    module, _, last = qualified.rpartition(".")
+    if not module:
+        return False
+    return "schedul" in last.lower() or module.split(".")[-1] in ("lr_scheduler", "scheduler")
+
+
+# -- modules, losses, datasets -----------------------------------------------------
+
+# Under torch.nn, the modules that hold no layers.
+_NOT_MODULES = ("torch.nn.functional.", "torch.nn.init.", "torch.nn.utils.", "torch.nn.parameter.")
+_NOT_MODULE_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.UninitializedParameter", "torch.nn.Buffer"})
+# Packages whose lower-case functions build models (`torchvision.models.resnet18()`).
+MODEL_FACTORY_PREFIXES = ("torchvision.models.", "timm.create_model", "transformers.AutoModel")
+
+
+def is_module_class(qualified: str) -> bool:
+    """A torch.nn layer or container class (`torch.nn.Linear`, `torch.nn.Module`)."""
+    if not qualified.startswith("torch.nn.") or qualified.startswith(_NOT_MODULES) or qualified in _NOT_MODULE_CLASSES:
+        return False
+    return qualified.rsplit(".", 1)[-1][:1].isupper()
+
+
+def is_loss_class(qualified: str) -> bool:
+    """`torch.nn.CrossEntropyLoss`, `torch.nn.MSELoss`: a criterion, not a model."""
+    return is_module_class(qualified) and qualified.endswith("Loss")
+
+
+def is_model_factory(qualified: str) -> bool:
+    if qualified.startswith("torchvision.models."):
+        last = qualified.rsplit(".", 1)[-1]
+        return last[:1].islower() and not last.startswith("get_weight")
+    return qualified.startswith(MODEL_FACTORY_PREFIXES[1:])
+
+
+DATASET_BASES = frozenset(
+    {
+        "torch.utils.data.Dataset",
+        "torch.utils.data.dataset.Dataset",
+        "torch.utils.data.IterableDataset",
+        "torch.utils.data.dataset.IterableDataset",
+    }
+)
+ITERABLE_DATASET_BASES = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
+
+
+def is_dataset_factory(qualified: str) -> bool:
+    """A call that makes a dataset: torch's dataset classes and `random_split`,
+    torchvision's and torchtext's datasets, a Hugging Face `load_dataset`."""
+    if qualified.startswith(("torch.utils.data.", "torch.utils.data.dataset.")):
+        last = qualified.rsplit(".", 1)[-1]
+        return last.endswith("Dataset") or last in ("Subset", "random_split")
+    if qualified.startswith(("torchvision.datasets.", "torchtext.datasets.", "torchaudio.datasets.")):
+        return True
+    return qualified in ("datasets.load_dataset",)
+
+
+# Methods of a module that return the module itself: `Net().to(device)` is still the model.
+SELF_RETURNING_MODULE_METHODS = frozenset(
+    {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "type", "requires_grad_", "to_empty"}
+)
+
+__all__ = [
+    "ALREADY_DISTRIBUTED",
+    "AMP_NAMES",
+    "AMP_PREFIXES",
+    "AUTOCAST",
+    "AUTOGRAD_BACKWARD",
+    "DATALOADER",
+    "DATALOADER_MODULES",
+    "DATA_PARALLEL",
+    "DATASET_BASES",
+    "DEVICE_FACTORIES",
+    "DISTRIBUTED_DATA_PARALLEL",
+    "DISTRIBUTED_SAMPLER",
+    "EMPTY_CACHE",
+    "ITERABLE_DATASET_BASES",
+    "NO_GRAD",
+    "SELF_RETURNING_MODULE_METHODS",
+    "TORCH_LOAD",
+    "TORCH_SAVE",
+    "VARIABLE",
+    "is_dataset_factory",
+    "is_loss_class",
+    "is_model_factory",
+    "is_module_class",
+    "makes_optimizer",
+    "is_scheduler",
+]

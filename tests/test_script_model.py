@@ -1,0 +1,235 @@
+"""The script model and the ast pre-check, on their own.
+
+fixtures/script/ holds small scripts in the shapes of real ones (a flat
+tutorial, `train(args, model, device, train_loader, optimizer, epoch)`, a
+trainer class, a GAN, an RNN of 2018, aliased imports, a user's own
+DataLoader class). The last tests prove that the pre-check never rejects a
+file that a codemod would change or report on, over every fixture.
+"""
+
+import re
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, QualifiedNameProvider, QualifiedNameSource
+
+from accelmigrate.codemods import all_codemods, resolve
+from accelmigrate.codemods._base import walk as _walk
+from accelmigrate.codemods.script import ScriptModel, precheck, words_that_may_apply
+from accelmigrate.engine import migrate_source
+
+from conftest import FIXTURES
+
+SCRIPT_FIXTURES = FIXTURES / "script"
+VALUES = {"accumulate": {"value": "4"}, "batch-scale": {"value": "2"}}  # words that need one
+
+
+def model_of(name: str) -> ScriptModel:
+    return ScriptModel.of(cst.parse_module((SCRIPT_FIXTURES / name).read_text()))
+
+
+def facts_of(name: str):
+    return precheck((SCRIPT_FIXTURES / name).read_text())
+
+
+def names(entities) -> list[str]:
+    return [e.name for e in entities]
+
+
+# -- the script model ------------------------------------------------------------------
+
+
+def test_flat_tutorial_has_one_step_at_module_level():
+    model = model_of("flat_tutorial.py")
+    (step,) = model.training_steps
+    assert (step.function.name, step.loss, step.optimizers, step.model_names) == ("<module>", "loss", ["optimizer"], ["net"])
+    inner, outer = step.loops
+    assert inner.loader is not None and inner.loader.name == "trainloader" and inner.line == 19
+    assert outer.header == "for epoch in range(2)" and outer.loader is None
+    assert model.entry.main_guard is None and model.entry.is_flat
+    assert names(model.devices) == ["device"] and model.devices[0].kind == "torch.device"
+    assert [(d.name, d.made_by) for d in model.datasets] == [("trainset", "torchvision.datasets.FashionMNIST")]
+
+
+def test_train_function_receives_model_device_loader_and_optimizer():
+    model = model_of("train_args_device.py")
+    (step,) = model.steps_in("train")
+    assert (step.loss, step.optimizers, step.model_names, step.line) == ("loss", ["optimizer"], ["model"], 31)
+    # followed through train()'s parameters to what main() passes
+    assert step.optimizer_steps[0].entity.made_by == "torch.optim.Adadelta"
+    assert step.models[0].made_by == "Net" and step.loops[0].loader.name == "train_loader"
+    assert [loop.header for loop in step.called_in_loops] == ["for epoch in range(1, args.epochs + 1)"]
+    train = model.function("train")
+    assert train.parameters == ["args", "model", "device", "train_loader", "optimizer", "epoch"]
+    (site,) = train.callers
+    assert site.caller.name == "main" and site.line == 66
+    assert {p: cst.Module([]).code_for_node(e) for p, e in site.arguments.items()}["optimizer"] == "optimizer"
+    assert sorted(train.scope.bindings) == sorted(
+        ["args", "model", "device", "train_loader", "optimizer", "epoch", "batch_idx", "data", "target", "output", "loss"]
+    )
+    assert [(d.name, d.kind, d.scope.name) for d in model.devices if d.kind != "flag"] == [
+        ("device", "parameter", "train"), ("device", "parameter", "test"), ("device", "torch.device", "main"),
+    ]
+    assert [(r.kind, r.scope.name) for r in model.evaluation] == [("eval", "test"), ("no_grad", "test")]
+    assert names(model.schedulers) == ["scheduler"] and names(model.loaders) == ["train_loader", "test_loader"]
+    assert model.entry.guard_line == 71 and model.entry.called_from_guard[0] == "main" and not model.entry.is_flat
+
+
+def test_trainer_class_keeps_everything_on_self():
+    model = model_of("trainer_class.py")
+    (step,) = model.training_steps
+    assert (step.function.name, step.loss, step.optimizers, step.model_names) == (
+        "Trainer.train_step", "loss", ["self.optimizer"], ["self.model"],
+    )
+    assert step.optimizer_steps[0].entity.made_by == "torch.optim.AdamW"
+    assert step.loops == [] and [loop.line for loop in step.called_in_loops] == [36, 35]
+    assert [(d.name, d.kind) for d in model.devices] == [("device", "parameter"), ("self.device", "torch.device")]
+    assert [(r.kind, r.scope.name) for r in model.evaluation] == [("decorator", "Trainer.evaluate"), ("eval", "Trainer.evaluate")]
+    # `Trainer(build_model(32))`: the model comes from a function of the file that returns one
+    assert [(m.name, m.kind) for m in model.models] == [("self.model", "model")]
+
+
+def test_gan_has_three_backwards_two_optimizers_and_two_trained_models():
+    model = model_of("gan_two_optimizers.py")
+    assert [(s.loss, s.optimizers) for s in model.training_steps] == [
+        ("errD_real", ["optimizerD"]), ("errD_fake", ["optimizerD"]), ("errG", ["optimizerG"]),
+    ]
+    # the fake batch is detached for the discriminator's loss: only netD's forward trains there
+    assert [s.model_names for s in model.training_steps] == [["netD"], ["netD"], ["netD", "netG"]]
+    assert names(model.models) == ["netG", "netD"] and names(model.trained_models) == ["netD", "netG"]
+    assert len(model.layers) == 2  # self.main of each class: parts of a model, not models
+    assert model.training_steps[0].loops[0].loader.name == "data"  # the loader passed to run()
+
+
+def test_rnn_2018_flat_script_with_a_train_function():
+    model = model_of("rnn_2018.py")
+    (step,) = model.training_steps
+    assert (step.function.name, step.loss, step.optimizers, step.model_names) == ("train", "loss", ["optimizer"], ["model"])
+    assert step.loops[0].header.startswith("for i in range(0, train_data.size(0) - 1, bptt)")
+    assert model.entry.is_flat and "train" in model.entry.runs_at_import and "evaluate" not in model.entry.runs_at_import
+    assert [(r.kind, r.model) for r in model.evaluation] == [("eval", "model")]
+    assert names(model.layers) == ["self.encoder", "self.rnn", "self.decoder"]
+
+
+def test_aliases_resolve_to_torch_qualified_names():
+    model = model_of("aliases.py")
+    assert [(e.kind, e.name, e.made_by) for e in model.entities if not e.layer] == [
+        ("dataset", "dataset", "torch.utils.data.TensorDataset"),
+        ("loader", "loader", "torch.utils.data.DataLoader"),
+        ("model", "net", "Regressor"),
+        ("optimizer", "opt", "torch.optim.Adam"),
+        ("scheduler", "sched", "torch.optim.lr_scheduler.StepLR"),
+    ]
+    (step,) = model.training_steps
+    assert (step.loss, step.optimizers, step.model_names) == ("err", ["opt"], ["net"])
+    imports = {b.name: b.qualified for b in model.imports}
+    assert imports == {
+        "th": "torch", "nn": "torch.nn", "tud": "torch.utils.data", "O": "torch.optim", "Sched": "torch.optim.lr_scheduler.StepLR",
+    }
+
+
+def test_own_dataloader_class_is_not_torch_s():
+    model = model_of("own_dataloader.py")
+    assert model.loaders == [] and model.training_steps == []
+    facts = facts_of("own_dataloader.py")
+    assert facts.dataloader_calls == 0 and not facts.imports_torch
+    assert words_that_may_apply(facts, list(all_codemods())) == []
+
+
+def test_kind_of_names_where_they_are_used():
+    model = model_of("train_args_device.py")
+    train = model.function("train").node
+    calls = [n for n in _walk(train) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)]
+    step_call = next(c for c in calls if c.func.attr.value == "step")
+    assert model.is_optimizer(step_call.func.value) and model.kind_of(step_call.func.value) == "optimizer"
+    train_call = next(c for c in calls if c.func.attr.value == "train")
+    assert model.is_model(train_call.func.value)
+
+
+@pytest.mark.parametrize("path", sorted([*SCRIPT_FIXTURES.glob("*.py"), *(FIXTURES / "scripts").glob("*.py")]), ids=lambda p: p.stem)
+def test_qualified_names_cover_libcst_s(path: Path):
+    """Every import or builtin qualified name LibCST gives a callee, ours gives too."""
+    module = cst.parse_module(path.read_text())
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    theirs = wrapper.resolve(QualifiedNameProvider)
+    model = ScriptModel.of(wrapper)
+    calls = [n for n in _walk(module) if isinstance(n, cst.Call)]
+    assert calls
+    for call in calls:
+        found = theirs.get(call.func, ())
+        found = found() if callable(found) else found  # LibCST resolves some lazily
+        expected = {q.name for q in found if q.source in (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)}
+        expected.discard("builtins.None")  # what LibCST names the attribute of a parenthesised expression
+        assert expected <= model.qualified_names(call.func), cst.Module([]).code_for_node(call.func)
+
+
+# -- the pre-check -------------------------------------------------------------------------
+
+
+def test_precheck_facts_of_a_flat_tutorial():
+    facts = facts_of("flat_tutorial.py")
+    assert facts.imports_torch and facts.dataloader_calls == 1 and facts.backward_calls == 1
+    assert facts.training_steps == (24,) and not facts.main_guard and facts.cuda_strings == 1
+    assert facts.torch_save and not facts.data_parallel and not facts.empty_cache and not facts.mixed_precision
+    assert facts.uses({"torch.optim.SGD", "torch.nn.CrossEntropyLoss", "torch.cuda.is_available"})
+
+
+def test_precheck_resolves_aliases_and_sees_no_grad():
+    facts = facts_of("aliases.py")
+    assert facts.calls_to({"torch.optim.Adam"}) == 1 and facts.uses({"torch.optim.lr_scheduler.StepLR"})
+    assert facts.main_guard and facts.has_training_step
+    assert facts_of("train_args_device.py").no_grad
+
+
+def test_precheck_rejects_what_no_codemod_can_match():
+    source = '"""A library module: defines layers, trains nothing."""\nimport torch\n\n\ndef scale(x):\n    return torch.relu(x) * 2\n'
+    assert words_that_may_apply(precheck(source), list(all_codemods())) == []
+    # a word with no rule is always kept
+    assert words_that_may_apply(precheck(source), ["main-guard"]) == ["main-guard"]
+
+
+def test_precheck_chains_what_earlier_words_write():
+    """workers writes `torch.cuda.is_available()`: device may then find CUDA."""
+    source = "import torch\nloader = torch.utils.data.DataLoader([1, 2])\n"
+    assert words_that_may_apply(precheck(source), ["device"]) == []
+    assert words_that_may_apply(precheck(source), ["workers", "device"]) == ["workers", "device"]
+
+
+def all_fixture_files():
+    return sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
+
+
+def test_precheck_never_rejects_a_file_a_codemod_touches():
+    """For every fixture and every word alone: when the pre-check rejects the
+    word, its codemod (after the words it requires) changes and reports nothing."""
+    missed = []
+    for path in all_fixture_files():
+        source = path.read_text()
+        facts = precheck(source)
+        rejected = [word for word in all_codemods() if not words_that_may_apply(facts, [word])]
+        if rejected:
+            # check mode runs each codemod on its prerequisites' output, as apply would
+            result = migrate_source(source, [(w, VALUES.get(w, {})) for w in rejected], str(path), check_only=True)
+            missed += [f"{path.relative_to(FIXTURES)}:{f.line} {f.code} ({f.word})" for f in result.findings if f.word in rejected]
+    assert not missed
+
+
+_DIRECTIVE = re.compile(r"^# fixture-to:\s*(\S+)\s*$", re.MULTILINE)
+
+
+def test_precheck_never_rejects_a_word_of_a_fixture_s_own_combination():
+    """The fixtures that name several words: a rejected word reports nothing
+    in the real run, after the words before it rewrote the file."""
+    missed = []
+    for path in all_fixture_files():
+        source = path.read_text()
+        directive = _DIRECTIVE.search(source[:2000])
+        if directive is None or "," not in directive.group(1):
+            continue
+        plan = [(w.partition("=")[0], {"value": w.partition("=")[2]} if "=" in w else {}) for w in directive.group(1).split(",")]
+        words = [cls.word for cls, _ in resolve(dict(plan))]
+        rejected = set(words) - set(words_that_may_apply(precheck(source), words))
+        result = migrate_source(source, plan, str(path))
+        missed += [f"{path.name}:{f.line} {f.code}" for f in result.findings if f.word in rejected]
+    assert not missed
