@@ -20,6 +20,10 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
 
+# The script model of the latest version of a file (its MetadataWrapper):
+# codemods run one version at a time, so one entry serves them all.
+_latest_script: list = [None, None]  # [wrapper, model]
+
 ALL_CODES = None  # a `# accelmigrate: skip` without [CODES] silences every code
 _NO_DEFAULT = object()
 
@@ -89,6 +93,18 @@ class Codemod(cst.CSTTransformer):
         if key is PositionProvider and key not in self.metadata:
             return self._lookup(self.context.wrapper.resolve(PositionProvider), key, node, default)
         return super().get_metadata(key, node, default) if default is not _NO_DEFAULT else super().get_metadata(key, node)
+
+    @property
+    def script(self):
+        """The shared model of the file version being visited (`codemods/script/`):
+        its models, optimizers, loaders, training steps, devices and entry point.
+        Built once per version and shared by every codemod that runs on it."""
+        from .script import ScriptModel  # the model imports helpers from this module
+
+        wrapper = self.context.wrapper
+        if _latest_script[0] is not wrapper:
+            _latest_script[:] = [wrapper, ScriptModel.of(wrapper)]
+        return _latest_script[1]
 
     @staticmethod
     def _lookup(mapping, key, node, default):
