@@ -6,16 +6,18 @@ What it does
     else `mps` on Apple silicon, else `cpu`), bound once to a `device` name
     and reused:
 
-    - `x.cuda()`, `x.cuda(0)`, `x.cuda(device=...)`, `x.cuda(args.gpu)` on a
+    - `x.cuda()`, `x.cuda(0)`, `x.cuda(device=dev)` (a device variable) on a
       tensor, a module, a criterion or a `Variable` -> `x.to(device)`
       (`non_blocking` and `memory_format` are kept; `Module.to` and
       `Tensor.to` both take a device, with the same semantics as `.cuda()`);
     - `x.to("cuda")`, `x.to("cuda:0")`, `torch.device("cuda")`,
-      `torch.device("cuda", rank)`, `f"cuda:{rank}"`, `"cuda:%d" % rank`,
       `device="cuda"` given to a torch callable (`torch.zeros`, `torch.randn`,
       `torch.tensor`, `torch.arange`, `nn.Linear`...) or to a tensor method
-      (`x.new_zeros`), `torch.set_default_device("cuda")`, a parameter
-      default `device="cuda"` -> `device`;
+      (`x.new_zeros`), `torch.set_default_device("cuda")` -> `device`;
+    - an index that is the launcher's local rank (`int(os.environ["LOCAL_RANK"])`,
+      a name bound only to it, `args.local_rank` of a `--local_rank` flag):
+      `x.cuda(local_rank)`, `f"cuda:{local_rank}"`, `torch.device("cuda",
+      local_rank)` -> `device`, which is that GPU;
     - a device definition that is CUDA-only or falls back on
       `torch.cuda.is_available()` (`device = torch.device("cuda" if
       torch.cuda.is_available() else "cpu")`, `self.device = ...`,
@@ -46,9 +48,21 @@ What it does
     The device comes from the script's own device variable when one is in
     reach and certainly assigned by then (`device`, `dev`, `self.device` set
     in `__init__`, `args.device` set earlier in the function, a `device`
-    parameter); otherwise from `device = get_device()`, added at module level
-    after the imports. When `device` already means something else (an index,
-    the CPU), the binding takes a free name (`compute_device`).
+    parameter without a default or defaulting to the GPU); otherwise from
+    `device = get_device()`, added at module level after the imports. When
+    `device` already means something else (an index, the CPU), the binding
+    takes a free name (`compute_device`).
+
+    Only a file that runs as a script chooses the device: one with an entry point
+    (a main guard), a training loop (`loss.backward()` in a loop that also
+    calls `optimizer.step()`), or work done at import (a flat script: CUDA
+    placements, `torch.load`, `parser.parse_args()`).
+    A library module (models, helpers, a test suite's utilities) gets no
+    module-level `device = get_device()`, which would choose and set the GPU
+    when it is imported, and its device definitions are kept: there a
+    placement follows only a device variable that the module itself defines
+    (not a parameter, which is the caller's), and is otherwise reported, as
+    is a `torch.load` with no such device (AM311, AM303).
 
 Why
     A script that hard-codes `.cuda()` runs on one GPU only: not on a CPU
@@ -85,6 +99,17 @@ Left alone (with a finding that says what to do)
       `torch.device("cuda", 1)`), and every explicit GPU, 0 included, in a
       file that names one other than 0: model parallelism or a deliberate
       choice (AM310);
+    - a GPU index known only at run time that is not the launcher's local
+      rank (`.cuda(rank)` under `mp.spawn`, `.cuda(self.rank)`, `.cuda(i)` in
+      a loop over GPUs, `torch.device("cuda", i)`, `f"cuda:{i}"`, a `--gpu`
+      flag): each process keeps the GPU it names, which the one run-time
+      device would not (DDP's `device_ids=[rank]` would disagree with it);
+      `.cuda(device)` of a passed-in device that may be None (`.to(None)`
+      moves nothing); and in a file that makes such a GPU current
+      (`torch.cuda.set_device(rank)`, `with torch.cuda.device(i):`), every
+      placement, since plain "cuda" means that GPU there (AM313);
+    - a parameter default (`def f(device="cuda")`): it is evaluated at
+      import, so it never refers to the run-time device (AM302);
     - `x.cpu().cuda()`: a copy to the host and back, rewritten to
       `x.cpu().to(device)` so the copy is kept, and reported (AM306);
     - calls that need a GPU to run (`torch.cuda.synchronize()`,
@@ -102,7 +127,9 @@ Left alone (with a finding that says what to do)
     - `"cuda"` given to a function that is not torch's (AM302, unfixed);
       `device_type="cuda"`, `torch.autocast("cuda")` and
       `GradScaler(device="cuda")`, which take the string by contract (the
-      `amp` codemod's concern), without a finding.
+      `amp` codemod's concern), without a finding;
+    - code inside `with self.assertRaises(...):` or `with pytest.raises(...):`,
+      which a test expects to fail, without a finding.
 """
 
 from __future__ import annotations
@@ -111,15 +138,24 @@ import dataclasses
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 import libcst as cst
-from libcst.metadata import ClassScope, GlobalScope, ScopeProvider
+from libcst.metadata import ClassScope, GlobalScope, PositionProvider, ScopeProvider
 
-from ._base import Codemod, append_keyword_args, code_of, has_star_args, keyword_arg
+from ._base import Codemod, append_keyword_args, code_of, has_star_args, is_main_guard, keyword_arg, walk
 
 RUNTIME_MODULE = "accelmigrate.runtime.device"
 GET_DEVICE = {f"{RUNTIME_MODULE}.get_device", "accelmigrate.runtime.get_device"}
 TORCH_DEVICE = {"torch.device"}
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
 SET_DEVICE = {"torch.cuda.set_device"}
+CUDA_DEVICE_CONTEXT = {"torch.cuda.device"}  # `with torch.cuda.device(i):`
+# What the launcher says this process's local rank is: get_device() picks the same GPU.
+LOCAL_RANK_FUNCTIONS = {"torch.distributed.get_node_local_rank", "accelmigrate.runtime.env.local_rank"}
+ENVIRON = {"os.environ"}
+ENVIRON_GETTERS = {"os.environ.get", "os.getenv"}
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")  # torch.distributed.launch passes it
+# Blocks whose body is expected to raise: what they run is the test's point.
+EXPECTS_ERROR_METHODS = {"assertRaises", "assertRaisesRegex", "assertRaisesRegexp"}
+EXPECTS_ERROR_FUNCTIONS = {"pytest.raises"}
 IS_AVAILABLE = {"torch.cuda.is_available"}
 SET_DEFAULT_DEVICE = {"torch.set_default_device"}
 LEGACY_TYPES = {
@@ -154,19 +190,28 @@ STRING_DEVICE_ADVICE = (
 
 # -- reading literals ---------------------------------------------------------------------
 
-ANY_GPU = "any"  # "cuda", f"cuda:{rank}": the runtime's device serves it
+ANY_GPU = "any"  # "cuda": the runtime's device serves it
 ZERO_GPU = "zero"  # "cuda:0", 0: the first GPU, named explicitly
 OTHER_GPU = "other"  # "cuda:1", 1: an explicit second GPU
+COMPUTED_GPU = "computed"  # f"cuda:{i}": an index known only at run time
 
 
 def cuda_literal(node: cst.CSTNode) -> Optional[str]:
     """ANY_GPU, ZERO_GPU or OTHER_GPU when `node` is a string naming a CUDA
-    device, else None."""
+    device, COMPUTED_GPU when it formats an index into one, else None."""
     if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
         value = node.evaluated_value
         if not isinstance(value, str):
             return None
         return _cuda_text(value)
+    if formatted_index(node) is not None:
+        return COMPUTED_GPU
+    return None
+
+
+def formatted_index(node: cst.CSTNode) -> Optional[cst.BaseExpression]:
+    """The index of `f"cuda:{i}"`, `"cuda:{}".format(i)`, `"cuda:%d" % i`,
+    `"cuda:" + str(i)`; None for anything else."""
     if isinstance(node, cst.FormattedString):
         parts = node.parts
         if (
@@ -175,21 +220,20 @@ def cuda_literal(node: cst.CSTNode) -> Optional[str]:
             and parts[0].value == "cuda:"
             and isinstance(parts[1], cst.FormattedStringExpression)
         ):
-            return ANY_GPU
-    if _is_formatted_index(node):
-        return ANY_GPU
-    return None
-
-
-def _is_formatted_index(node: cst.CSTNode) -> bool:
-    """`"cuda:{}".format(i)`, `"cuda:%d" % i`, `"cuda:" + str(i)`."""
+            return parts[1].expression
+        return None
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
-        return _string_value(node.func.value) in ("cuda:{}", "cuda:{0}") and len(node.args) == 1
+        if _string_value(node.func.value) in ("cuda:{}", "cuda:{0}") and len(node.args) == 1 and not node.args[0].star:
+            return node.args[0].value
+        return None
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-        return _string_value(node.left) in ("cuda:%d", "cuda:%s", "cuda:%i")
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
-        return _string_value(node.left) == "cuda:"
-    return False
+        return node.right if _string_value(node.left) in ("cuda:%d", "cuda:%s", "cuda:%i") else None
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add) and _string_value(node.left) == "cuda:":
+        right = node.right
+        if isinstance(right, cst.Call) and isinstance(right.func, cst.Name) and right.func.value == "str" and len(right.args) == 1:
+            return right.args[0].value
+        return right
+    return None
 
 
 def _string_value(node: cst.CSTNode) -> Optional[str]:
@@ -241,13 +285,38 @@ CPU = "cpu"
 RUNTIME = "runtime"  # already get_device()
 SOME_DEVICE = "device"  # a torch.device we cannot read (torch.device(args.device))
 EXPLICIT_GPU = "explicit"  # a GPU other than 0
+# COMPUTED_GPU: a GPU index computed at run time (a rank, a loop variable)
+VARIABLE_GPU = "variable"  # `.cuda(device)` with a device variable in reach
+
+LIBRARY_DEFINITION_ADVICE = (
+    "CUDA device definition in a module without a training loop or an entry point (a library): left as it is, "
+    "get_device() would choose and set the GPU where the library is imported or called; "
+    "choose the device in the script and pass it in"
+)
+DEFAULT_ADVICE = (
+    "hard-coded CUDA device as a parameter default: a default is evaluated at import, so it is not "
+    "rewritten to the run-time device; pass the caller's device (the script's `get_device()`) instead"
+)
+COMPUTED_ADVICE = (
+    "GPU index known only at run time (a rank from mp.spawn, a loop over GPUs, a --gpu flag): left alone, "
+    "each process keeps the GPU it names; under torchrun, use `device = get_device()` (cuda:<LOCAL_RANK>) by hand"
+)
+PASSED_IN_ADVICE = (
+    "a passed-in device may be None or an index, and `.to(None)` moves nothing: left alone; "
+    "write `.to(device)` by hand if it always holds a device"
+)
+LIBRARY_ADVICE = (
+    "left alone in a module without a training loop or an entry point (a library), where no device that it "
+    "defines is in reach: a module-level `device = get_device()` would choose and set the GPU when it is "
+    "imported; take the device from a tensor at hand (`x.device`) or from the caller"
+)
 
 
 @dataclasses.dataclass
 class DeviceValue:
     """What an expression evaluates to, as far as placement goes."""
 
-    kind: str  # CUDA, CPU, RUNTIME, SOME_DEVICE, EXPLICIT_GPU, or "choice"
+    kind: str  # CUDA, CPU, RUNTIME, SOME_DEVICE, EXPLICIT_GPU, COMPUTED_GPU, or "choice"
     is_string: bool = False
     # a choice `A if test else B` between a CUDA and a CPU branch
     test: Optional[cst.BaseExpression] = None
@@ -285,6 +354,7 @@ class Device(Codemod):
         "AM310": "explicit GPU other than 0: left alone",
         "AM311": "no device name can be used here: move by hand",
         "AM312": "call that needs a GPU to run",
+        "AM313": "GPU index computed at run time (a rank, a loop variable, a passed-in device): left alone",
     }
     # Every match contains "cuda" (`.cuda(`, "cuda" strings, `torch.cuda.`,
     # `from torch import cuda`) or "load" (`torch.load`, `from torch import load`).
@@ -314,8 +384,11 @@ class Device(Codemod):
         self._several_gpus = any(self._names_other_gpu(call) for call in found.calls) or any(
             cuda_literal(statement.value) == OTHER_GPU for _, statement in found.assignments
         )
+        self._local_rank_flag = any(self._declares_local_rank_flag(call) for call in found.calls)
         self._definitions = self._read_definitions(found.assignments)
         self._definition_nodes = _all_nodes(d.value for d in self._definitions)
+        self._is_script = self._runs_as_script(node, found.calls)
+        self._gpu_choice = self._file_chooses_its_gpu(found.calls)
         self._plan_definitions()
         self._fallback_sites: list[cst.CSTNode] = []  # rewritten with the module binding
         self._needs_binding: set[cst.CSTNode] = set()
@@ -399,6 +472,214 @@ class Device(Codemod):
             return "explicit GPU in a file that places work on several GPUs (model parallelism): left alone"
         return "explicit GPU other than 0: left alone (a deliberate choice?)"
 
+    # Computed GPU indices: only the launcher's local rank is the runtime's GPU.
+
+    def _index_kind(self, index: cst.BaseExpression, site: Optional[cst.CSTNode] = None) -> str:
+        """What a GPU index or device string names: RUNTIME (the one GPU, or this
+        process's local rank: get_device() serves it), EXPLICIT_GPU (AM310),
+        VARIABLE_GPU (a device variable in reach at `site`, kept as it is) or
+        COMPUTED_GPU (anything else known only at run time: left alone)."""
+        literal = gpu_index(self._constant_of(index))
+        if literal == COMPUTED_GPU:
+            literal = self._string_gpu(index)
+        if literal is not None and literal != COMPUTED_GPU:
+            return EXPLICIT_GPU if self._is_explicit(self._constant_of(index)) else RUNTIME
+        if literal is None and self._is_local_rank(index):
+            return RUNTIME
+        if site is not None and literal is None and self._is_device_variable(index, site):
+            return VARIABLE_GPU
+        return COMPUTED_GPU
+
+    def _constant_of(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """The integer a name is always bound to (`LOCAL_RANK = 0`), else `node`."""
+        if not isinstance(node, cst.Name):
+            return node
+        scope = self.get_metadata(ScopeProvider, node, None)
+        assignments = scope[node.value] if scope is not None else ()
+        values = [self._found.assignment_of.get(getattr(a, "node", None)) for a in assignments]
+        if not values or any(v is None or integer_value(v.value) is None for v in values):
+            return node
+        first = values[0].value
+        return first if all(integer_value(v.value) == integer_value(first) for v in values) else node
+
+    def _string_gpu(self, node: cst.CSTNode) -> Optional[str]:
+        """`cuda_literal`, with `f"cuda:{local_rank}"` read as ANY_GPU."""
+        kind = cuda_literal(node)
+        if kind == COMPUTED_GPU and self._is_local_rank(formatted_index(node)):
+            return ANY_GPU
+        return kind
+
+    def _is_local_rank(self, node: Optional[cst.BaseExpression], depth: int = 0) -> bool:
+        """Is `node` the local rank that the launcher gave this process
+        (`int(os.environ["LOCAL_RANK"])`, a name or `args.local_rank` bound only
+        to it)? get_device() picks that GPU too."""
+        if node is None or depth > 8:
+            return False
+        if isinstance(node, cst.Call):
+            if self.is_call_to(node, LOCAL_RANK_FUNCTIONS):
+                return True
+            only = node.args[0] if len(node.args) == 1 else None
+            return (
+                self.is_call_to(node, {"builtins.int"})
+                and only is not None
+                and only.keyword is None
+                and not only.star
+                and self._reads_local_rank_variable(only.value)
+            )
+        if isinstance(node, cst.Name):
+            return self._name_is_local_rank(node, depth)
+        if isinstance(node, cst.Attribute) and node.attr.value == "local_rank":
+            return self._local_rank_flag and all(
+                self._is_local_rank(statement.value, depth + 1)
+                for target, statement in self._found.assignments
+                if isinstance(target, cst.Attribute) and target.attr.value == "local_rank"
+            )
+        return False
+
+    def _reads_local_rank_variable(self, node: cst.BaseExpression) -> bool:
+        """`os.environ["LOCAL_RANK"]`, `os.environ.get("LOCAL_RANK", ...)`, `os.getenv("LOCAL_RANK")`."""
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            key = node.slice[0].slice.value
+            return self.is_qualified(node.value, ENVIRON) and _string_value(key) == "LOCAL_RANK"
+        if isinstance(node, cst.Call) and self.is_call_to(node, ENVIRON_GETTERS) and node.args:
+            return node.args[0].keyword is None and _string_value(node.args[0].value) == "LOCAL_RANK"
+        return False
+
+    def _name_is_local_rank(self, name: cst.Name, depth: int) -> bool:
+        scope = self.get_metadata(ScopeProvider, name, None)
+        assignments = scope[name.value] if scope is not None else ()
+        if not assignments:
+            return False
+        for assignment in assignments:
+            statement = self._found.assignment_of.get(getattr(assignment, "node", None))
+            if statement is None or not self._is_local_rank(statement.value, depth + 1):
+                return False
+        return True
+
+    def _declares_local_rank_flag(self, call: cst.Call) -> bool:
+        """`parser.add_argument("--local_rank", ...)`: the flag by which
+        torch.distributed.launch gives each process its local rank."""
+        return method_name(call) == "add_argument" and any(
+            _string_value(arg.value) in LOCAL_RANK_FLAGS for arg in positional(call)
+        )
+
+    def _is_device_variable(self, node: cst.BaseExpression, site: cst.CSTNode) -> bool:
+        """Is `node` the device variable that `site` would use anyway, bound
+        only by device definitions (not a parameter, which may hold None or an
+        index)?"""
+        if not isinstance(node, (cst.Name, cst.Attribute)) or self._existing_device(site) != code_of(node):
+            return False
+        if isinstance(node, cst.Attribute):
+            return True  # `self.device` set in `__init__`
+        return not self._is_parameter(node)
+
+    def _names_a_parameter(self, placement: str, site: cst.CSTNode) -> bool:
+        if "." in placement:
+            return False  # `self.device`, set in `__init__`
+        scope = self.get_metadata(ScopeProvider, site, None)
+        return scope is None or any(isinstance(getattr(a, "node", None), cst.Param) for a in scope[placement])
+
+    def _is_parameter(self, node: cst.BaseExpression, defaulting_to_none: bool = False) -> bool:
+        """Is `node` a name bound by a parameter (one whose default is None)?"""
+        scope = self.get_metadata(ScopeProvider, node, None) if isinstance(node, cst.Name) else None
+        params = [a.node for a in scope[node.value] if isinstance(getattr(a, "node", None), cst.Param)] if scope else []
+        if defaulting_to_none:
+            return any(isinstance(p.default, cst.Name) and p.default.value == "None" for p in params)
+        return bool(params)
+
+    # Files that choose their GPU themselves.
+
+    def _file_chooses_its_gpu(self, calls: Sequence[cst.Call]) -> Optional[cst.Call]:
+        """The first `torch.cuda.set_device(i)` or `torch.cuda.device(i)` by which
+        the file makes another GPU than the runtime's current: then plain
+        `.cuda()` and "cuda" mean that GPU, and no placement may be collapsed
+        onto the runtime's device."""
+        for call in calls:
+            if not self.is_call_to(call, SET_DEVICE | CUDA_DEVICE_CONTEXT) or not call.args or self._expects_error(call):
+                continue
+            if self._index_kind(call.args[0].value) in (EXPLICIT_GPU, COMPUTED_GPU) and not self._is_device_variable(call.args[0].value, call):
+                return call
+        return None
+
+    def _gpu_choice_reason(self) -> str:
+        call = self._gpu_choice
+        line = self.get_metadata(PositionProvider, call).start.line
+        return (
+            f"this file selects its GPU itself (`{code_of(call)}`, line {line}), so plain CUDA placements mean "
+            "that GPU: left alone; migrate the file by hand (under torchrun, `device = get_device()` is cuda:<LOCAL_RANK>)"
+        )
+
+    # Library modules, and code that runs at import or expects an error.
+
+    def _runs_as_script(self, module: cst.Module, calls: Sequence[cst.Call]) -> bool:
+        """Does the file run as a script: an entry point (a main guard), a
+        training loop, or CUDA work done at import? Only then does it choose
+        the device (a library's callers choose it)."""
+        if any(isinstance(statement, cst.If) and is_main_guard(statement.test) for statement in module.body):
+            return True
+        return any(
+            self._is_training_step(call)
+            or self._uses_cuda_at_import(call)
+            or (self.is_call_to(call, TORCH_LOAD) and self._runs_at_import(call))  # loads when it runs
+            or (method_name(call) == "parse_args" and self._runs_at_import(call))  # reads its command line
+            for call in calls
+        )
+
+    def _is_training_step(self, call: cst.Call) -> bool:
+        """`loss.backward()` in a loop that also steps (`optimizer.step()`): a
+        training loop, not a test's or a helper's single backward pass."""
+        if method_name(call) != "backward" or any(name.startswith("torch.") for name in self.qualified_names(call.func)):
+            return False
+        loop = self.innermost_loop(call)
+        return loop is not None and any(
+            isinstance(node, cst.Call) and method_name(node) == "step" for node in walk(loop.body, into_definitions=False)
+        )
+
+    def _uses_cuda_at_import(self, call: cst.Call) -> bool:
+        """A `.cuda()`, a legacy CUDA constructor or a placement on "cuda" or
+        on a device variable that runs when the module is imported: the module
+        already picks its device at import."""
+        if not self._runs_at_import(call) or self._expects_error(call):
+            return False
+        kind = self._move_kind(call)
+        if kind is not None:
+            return kind != "torch.device"
+        if self.is_call_to(call, SET_DEFAULT_DEVICE):
+            return False
+        if any(True for _ in self._device_string_arguments(call)):
+            return True
+        placed = keyword_arg(call, "device") or (call.args[0] if method_name(call) == "to" and call.args else None)
+        return placed is not None and isinstance(placed.value, cst.Name) and self._name_resolves_to_devices(call, placed.value.value)
+
+    def _runs_at_import(self, node: cst.CSTNode) -> bool:
+        """Outside every function and lambda (a parameter default counts as
+        inside: it is not where the work is done)."""
+        return not any(isinstance(ancestor, (cst.FunctionDef, cst.Lambda)) for ancestor in self.ancestors(node))
+
+    def _expects_error(self, node: cst.CSTNode) -> bool:
+        """Inside `with self.assertRaises(...):` or `with pytest.raises(...):`."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.With) and child is ancestor.body:
+                for item in ancestor.items:
+                    call = item.item
+                    if isinstance(call, cst.Call) and (
+                        method_name(call) in EXPECTS_ERROR_METHODS or self.is_call_to(call, EXPECTS_ERROR_FUNCTIONS)
+                    ):
+                        return True
+            child = ancestor
+        return False
+
+    def _in_parameter_default(self, node: cst.CSTNode) -> bool:
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.Param) and child is ancestor.default:
+                return True
+            if isinstance(ancestor, (cst.BaseSuite, cst.Module)):
+                return False
+            child = ancestor
+        return False
+
     # Definitions of a device variable.
 
     def _read_definitions(self, assignments: Sequence[tuple[cst.CSTNode, cst.BaseSmallStatement]]) -> list[Definition]:
@@ -408,7 +689,7 @@ class Device(Codemod):
             device = self._device_value(value)
             if device is not None:
                 typed = not device.is_string
-                usable = (typed or "dev" in _last_name(target).lower()) and device.kind != EXPLICIT_GPU
+                usable = (typed or "dev" in _last_name(target).lower()) and device.kind not in (EXPLICIT_GPU, COMPUTED_GPU)
                 definitions.append(Definition(target, value, statement, device, usable=usable))
         self._definition_of = {d.statement: d for d in definitions}
         for definition in definitions:
@@ -421,7 +702,9 @@ class Device(Codemod):
         """What `node` is as a device, or None when it is not one we know."""
         if node is None:
             return None
-        index = cuda_literal(node)
+        index = self._string_gpu(node)
+        if index == COMPUTED_GPU:
+            return DeviceValue(COMPUTED_GPU, is_string=True)
         if index is not None:
             return DeviceValue(EXPLICIT_GPU if self._is_explicit(node) else CUDA, is_string=True)
         if is_cpu_literal(node):
@@ -444,7 +727,10 @@ class Device(Codemod):
         if inner is None or not inner.is_string and inner.kind != "choice":
             return DeviceValue(SOME_DEVICE)
         if inner.kind == CUDA and index_arg is not None:
-            return DeviceValue(EXPLICIT_GPU if self._is_explicit(index_arg.value) else CUDA)
+            index = self._index_kind(index_arg.value)
+            if index == EXPLICIT_GPU:
+                return DeviceValue(EXPLICIT_GPU)
+            return DeviceValue(CUDA if index == RUNTIME else COMPUTED_GPU)
         return dataclasses.replace(inner, is_string=False)
 
     def _choice_value(self, node: cst.IfExp) -> Optional[DeviceValue]:
@@ -457,16 +743,21 @@ class Device(Codemod):
         if body.kind == CPU and orelse.kind == CUDA:
             return DeviceValue("choice", is_string, node.test, cuda_first=False)
         kinds = {body.kind, orelse.kind}
-        if EXPLICIT_GPU in kinds:
-            return DeviceValue(EXPLICIT_GPU, is_string)
+        for left_alone in (EXPLICIT_GPU, COMPUTED_GPU):
+            if left_alone in kinds:
+                return DeviceValue(left_alone, is_string)
         return DeviceValue(SOME_DEVICE, is_string)
 
     def _plan_definitions(self) -> None:
         for definition in self._definitions:
             device = definition.device
+            if self._expects_error(definition.value):
+                continue
             if device.kind == EXPLICIT_GPU:
                 definition.usable = False
                 self.report(definition.value, "AM310", self._explicit_reason() + "; use get_device() if one GPU per process is meant")
+            elif device.kind == COMPUTED_GPU:
+                self.report(definition.value, "AM313", COMPUTED_ADVICE)
             elif device.kind == CUDA or device.kind == "choice":
                 self._plan_definition(definition)
 
@@ -478,6 +769,12 @@ class Device(Codemod):
                 self.report(definition.value, "AM303", STRING_DEVICE_ADVICE)
             if verdict != "rewrite":
                 return
+        if self._gpu_choice is not None:
+            self.report(definition.value, "AM313", f"CUDA device definition: {self._gpu_choice_reason()}")
+            return
+        if not self._is_script:
+            self.report(definition.value, "AM303", LIBRARY_DEFINITION_ADVICE)
+            return
         by_flag = device.kind == "choice" and not self._is_availability(device.test, device.cuda_first)
         if by_flag:
             message = "CUDA device definition -> get_device(), keeping the script's flag"
@@ -550,11 +847,20 @@ class Device(Codemod):
         parameter), or the CPU branch of an if/else that defines one?"""
         node = getattr(assignment, "node", None)
         if isinstance(node, cst.Param):
-            return node.name.value == "device"
+            return node.name.value == "device" and self._default_is_a_gpu(node)
         definition = self._definition_of.get(self._found.assignment_of.get(node))
         if definition is None or definition.target is not node:
             return False
         return definition.usable or (definition.cpu_branch and self._in_device_choice(definition))
+
+    def _default_is_a_gpu(self, param: cst.Param) -> bool:
+        """A `device` parameter with no default, or one that means the GPU:
+        `.to(device)` then does what `.cuda()` did. `device=None` would make it
+        a no-op, `device="cpu"` would move elsewhere."""
+        if param.default is None:
+            return True
+        value = self._device_value(param.default)
+        return value is not None and value.kind in (CUDA, RUNTIME)
 
     def _in_device_choice(self, definition: Definition) -> bool:
         """`definition` is a branch of an if/else that certainly binds its target
@@ -602,7 +908,13 @@ class Device(Codemod):
         """The code of the device expression to use at `site`: an existing
         device variable in reach, else the module-level binding. "" when no
         name can be used safely there."""
+        if self._gpu_choice is not None:
+            return ""
         existing = self._existing_device(site)
+        if not self._is_script:
+            # A library follows only a device that its own code defines: a
+            # parameter is the caller's, who may have meant another device.
+            return existing if existing is not None and not self._names_a_parameter(existing, site) else ""
         if existing is not None:
             return existing
         name = self._binding_name
@@ -726,6 +1038,15 @@ class Device(Codemod):
             isinstance(a.scope, GlobalScope) and self._is_device_assignment(a) for a in scope[name]
         )
 
+    def _report_unplaced(self, node: cst.CSTNode, subject: str, manual: str) -> None:
+        """`node` is left alone because `_placement` found no device for it: say why."""
+        if self._gpu_choice is not None:
+            self.report(node, "AM313", f"{subject}: {self._gpu_choice_reason()}")
+        elif not self._is_script:
+            self.report(node, "AM311", f"{subject}: {LIBRARY_ADVICE}")
+        else:
+            self.report(node, "AM311", f"{subject}: {manual}")
+
     def _use_placement(self, site: cst.CSTNode, placement: str) -> cst.BaseExpression:
         """`site` is rewritten with `placement`: the node to put there."""
         if site in self._needs_binding:
@@ -750,7 +1071,10 @@ class Device(Codemod):
 
     def _plan_calls(self, calls: Sequence[cst.Call]) -> None:
         for call in calls:
-            if self._inside_map_location_lambda(call):
+            if self._inside_map_location_lambda(call) or self._expects_error(call):
+                continue
+            if self._in_parameter_default(call):
+                self._report_in_default(call)
                 continue
             kind = self._move_kind(call)
             if kind == "cuda":
@@ -765,8 +1089,18 @@ class Device(Codemod):
                 self._plan_load(call)
             if self.is_call_to(call, NEEDS_GPU) and not self._under_cuda_check(call):
                 self.report(call, "AM312", "this torch.cuda call fails without a GPU: run it only when `device.type == \"cuda\"`")
-            if self.is_call_to(call, TORCH_DEVICE) and self._torch_device_value(call).kind == EXPLICIT_GPU and not self._is_definition_value(call):
-                self.report(call, "AM310", self._explicit_reason())
+            if self.is_call_to(call, TORCH_DEVICE) and not self._is_definition_value(call):
+                kind = self._torch_device_value(call).kind
+                if kind == EXPLICIT_GPU:
+                    self.report(call, "AM310", self._explicit_reason())
+                elif kind == COMPUTED_GPU:
+                    self.report(call, "AM313", COMPUTED_ADVICE)
+
+    def _report_in_default(self, call: cst.Call) -> None:
+        """A placement in a parameter default runs where the function is
+        defined, at import: it is never rewritten to the run-time device."""
+        if self._move_kind(call) is not None or any(True for _ in self._device_string_arguments(call)):
+            self.report(call, "AM302", DEFAULT_ADVICE)
 
     def _plan_cuda_method(self, call: cst.Call) -> None:
         """`x.cuda(...)` -> `x.to(device, ...)`."""
@@ -780,12 +1114,20 @@ class Device(Codemod):
             self.report(call, "AM311", "`.cuda` of a torch class (`torch.Tensor.cuda(x)`): write `x.to(device)` by hand")
             return
         kept, index = cuda_arguments(call)
-        if index is not None and self._is_explicit(index):
+        index_kind = RUNTIME if index is None else self._index_kind(index, call)
+        if index_kind == EXPLICIT_GPU:
             self.report(call, "AM310", f"`.cuda({code_of(index)})`: {self._explicit_reason()}")
+            return
+        if index_kind == COMPUTED_GPU:
+            passed_in = self._is_parameter(index, defaulting_to_none=True) or (
+                self._is_parameter(index) and "dev" in code_of(index).lower()
+            )
+            advice = PASSED_IN_ADVICE if passed_in else COMPUTED_ADVICE
+            self.report(call, "AM313", f"`.cuda({code_of(index)})`: {advice}")
             return
         placement = self._placement(call)
         if not placement:
-            self.report(call, "AM311", f"`.cuda()`: no device name can be used here (`{self._binding_name or 'device'}` means something else in this scope); write `.to(<device>)` by hand")
+            self._report_unplaced(call, "`.cuda()`", f"no device name can be used here (`{self._binding_name or 'device'}` means something else in this scope); write `.to(<device>)` by hand")
             return
         receiver = call.func.value
         if self._is_redundant_move(call, receiver, kept):
@@ -814,7 +1156,7 @@ class Device(Codemod):
         """`torch.device("cuda")` (not a definition) -> device."""
         placement = self._placement(call)
         if not placement:
-            self.report(call, "AM311", f"`torch.device(\"cuda\")`: no device name can be used here; replace it by hand")
+            self._report_unplaced(call, "`torch.device(\"cuda\")`", "no device name can be used here; replace it by hand")
             return
         if self.fix(call, "AM302", f"`torch.device(\"cuda\")` -> `{placement}`"):
             expression = self._use_placement(call, placement)
@@ -825,7 +1167,11 @@ class Device(Codemod):
         func = call.func
         placement = self._placement(call)
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "cuda") or not placement:
-            self.report(call, "AM308", "legacy CUDA tensor constructor: write `torch.FloatTensor(...).to(device)` (or `torch.tensor(..., device=device)`) by hand")
+            manual = "write `torch.FloatTensor(...).to(device)` (or `torch.tensor(..., device=device)`) by hand"
+            if self._gpu_choice is not None:
+                self.report(call, "AM313", f"legacy CUDA tensor constructor: {self._gpu_choice_reason()}")
+            else:
+                self.report(call, "AM308", f"legacy CUDA tensor constructor: {manual}")
             return
         if self.fix(call, "AM308", f"legacy CUDA tensor constructor -> CPU constructor + `.to({placement})`"):
             expression = self._use_placement(call, placement)
@@ -844,12 +1190,15 @@ class Device(Codemod):
             if self._is_explicit(arg.value):
                 self.report(arg.value, "AM310", self._explicit_reason())
                 continue
+            if self._string_gpu(arg.value) == COMPUTED_GPU:
+                self.report(arg.value, "AM313", COMPUTED_ADVICE)
+                continue
             if not self._takes_torch_device(call, arg):
                 self.report(arg.value, "AM302", "\"cuda\" passed to a function that is not torch's: pass the runtime's device (get_device()) by hand if it takes a torch.device")
                 continue
             placement = self._placement(arg.value)
             if not placement:
-                self.report(arg.value, "AM311", "\"cuda\": no device name can be used here; replace it by hand")
+                self._report_unplaced(arg.value, "\"cuda\"", "no device name can be used here; replace it by hand")
                 continue
             if self.fix(arg.value, "AM302", f"hard-coded \"cuda\" -> `{placement}`"):
                 expression = self._use_placement(arg.value, placement)
@@ -899,9 +1248,10 @@ class Device(Codemod):
             return
         if not self._is_load_without_map(call):
             return
-        placement = self._placement(call) if self._places_on_device() else '"cpu"'
+        computes_on_cpu = self._is_script and self._gpu_choice is None and not self._places_on_device()
+        placement = '"cpu"' if computes_on_cpu else self._placement(call)
         if not placement:
-            self.report(call, "AM311", "torch.load without map_location: add `map_location=<device>` by hand")
+            self._report_unplaced(call, "torch.load without map_location", "add `map_location=<device>` by hand")
             return
         if placement == '"cpu"':
             message = 'torch.load without map_location -> `map_location="cpu"`: this file places nothing on a device, so it computes on the CPU'
@@ -931,7 +1281,7 @@ class Device(Codemod):
             and method_name(body) == "cuda"
             and isinstance(body.func.value, cst.Name)
             and body.func.value.value == first
-            and not any(self._is_explicit(a.value) for a in body.args)
+            and all(a.keyword is None and self._index_kind(a.value) == RUNTIME for a in body.args)
         )
 
     def _inside_map_location_lambda(self, call: cst.Call) -> bool:
@@ -952,8 +1302,9 @@ class Device(Codemod):
         return False
 
     def _plan_parameter_defaults(self, parameters: Sequence[cst.Param]) -> None:
-        """`def train(model, device="cuda")` -> `def train(model, device=device)`
-        when the function only passes the parameter on as a device."""
+        """`def train(model, device="cuda")`: a default is evaluated where the
+        function is defined, at import, so it is never rewritten to the
+        run-time device; reported when the function passes it on as a device."""
         for param in parameters:
             if cuda_literal(param.default) is None:
                 continue
@@ -963,14 +1314,8 @@ class Device(Codemod):
             verdict = _string_verdict(self._parameter_uses(param), param.name.value)
             if verdict == "report":
                 self.report(param.default, "AM302", STRING_DEVICE_ADVICE)
-            if verdict != "rewrite":
-                continue
-            placement = self._placement(param.default)
-            if not placement:
-                self.report(param.default, "AM311", "\"cuda\" default: no device name can be used here; replace it by hand")
-            elif self.fix(param.default, "AM302", f"hard-coded \"cuda\" default -> `{placement}`"):
-                expression = self._use_placement(param.default, placement)
-                self._edits[param.default] = lambda updated, e=expression: e
+            elif verdict == "rewrite":
+                self.report(param.default, "AM302", DEFAULT_ADVICE)
 
     def _parameter_uses(self, param: cst.Param) -> Optional[list[Optional[str]]]:
         function = self.parent(self.parent(param))
@@ -1048,10 +1393,15 @@ class Device(Codemod):
 
     def _plan_set_device(self, calls: Sequence[cst.Call]) -> None:
         for call in calls:
-            if not self.is_call_to(call, SET_DEVICE):
+            if call is self._gpu_choice and self.is_call_to(call, CUDA_DEVICE_CONTEXT):
+                self.report(call, "AM313", f"{code_of(call.func)}(...): {self._gpu_choice_reason()}")
+            if not self.is_call_to(call, SET_DEVICE) or self._expects_error(call):
                 continue
             if call.args and self._is_explicit(call.args[0].value):
                 self.report(call, "AM310", f"torch.cuda.set_device({code_of(call.args[0].value)}): {self._explicit_reason()}")
+                continue
+            if call.args and self._index_kind(call.args[0].value, call) == COMPUTED_GPU or self._gpu_choice is not None:
+                self.report(call, "AM313", f"torch.cuda.set_device({code_of(call.args[0].value) if call.args else ''}): {self._gpu_choice_reason()}")
                 continue
             statement = self._statement_of_call(call)
             if statement is None or not (self._uses_runtime or self._fallback_sites or self._calls_runtime_already()):

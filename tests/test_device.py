@@ -7,6 +7,7 @@ every codemod gives (torch-free import, triggers, idempotency, check mode).
 The fixture pairs in fixtures/device/ are run by test_fixture_pairs.py.
 """
 
+import importlib.util
 import io
 import math
 import re
@@ -216,3 +217,142 @@ def test_get_device_is_the_cpu_without_a_gpu_and_can_be_forced(monkeypatch):
         assert get_device() == torch.device("cpu")
     monkeypatch.setenv("ACCELMIGRATE_DEVICE", "meta")
     assert get_device() == torch.device("meta")
+
+
+# -- a GPU index known only at run time ---------------------------------------------------
+
+SPAWNED = '''import torch
+import torch.multiprocessing as mp
+
+
+def run(rank, world_size):
+    {line}
+
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(2,), nprocs=2)
+'''
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "model = torch.nn.Linear(2, 2).cuda(rank)",
+        "x = torch.zeros(2).to(f'cuda:{rank}')",
+        "x = torch.zeros(2).to('cuda:%d' % rank)",
+        "x = torch.zeros(2, device=torch.device('cuda', rank))",
+        "device = torch.device('cuda', rank)",
+        "models = [torch.nn.Linear(2, 2).cuda(i) for i in range(world_size)]",
+        "torch.cuda.set_device(rank)",
+    ],
+)
+def test_a_computed_gpu_index_is_left_alone_with_a_finding(line):
+    source = SPAWNED.format(line=line)
+    result = migrate_source(source, PLAN)
+    assert result.code == source  # every process keeps the GPU it names
+    assert [f.code for f in result.findings] == ["AM313"]
+    assert not result.findings[0].fixed
+
+
+def test_a_passed_in_device_that_may_be_none_is_not_moved_with_to():
+    # `.to(None)` moves nothing: the helper would silently stop moving data.
+    source = SPAWNED.format(line="return [t.cuda(device) for t in batch]").replace("run(rank, world_size)", "to_gpu(batch, device=None)")
+    result = migrate_source(source, PLAN)
+    assert result.code == source
+    assert [f.code for f in result.findings] == ["AM313"]
+    assert "may be None" in result.findings[0].message
+
+
+def test_after_set_device_with_a_rank_plain_cuda_means_that_gpu_and_is_left_alone():
+    source = SPAWNED.format(line="torch.cuda.set_device(rank)\n    model = torch.nn.Linear(2, 2).cuda()\n    x = torch.zeros(2, device='cuda')")
+    result = migrate_source(source, PLAN)
+    assert result.code == source
+    assert [f.code for f in result.findings] == ["AM313", "AM313", "AM313"]
+
+
+@pytest.mark.parametrize(
+    "index",
+    ['local_rank', 'int(os.environ["LOCAL_RANK"])', 'int(os.environ.get("LOCAL_RANK", 0))', 'int(os.getenv("LOCAL_RANK", "0"))', 'args.local_rank'],
+)
+def test_the_launchers_local_rank_is_the_run_time_device(index):
+    source = (
+        "import argparse\nimport os\n\nimport torch\n\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--local_rank', type=int, default=0)\nargs = parser.parse_args()\n"
+        "local_rank = int(os.environ['LOCAL_RANK'])\n\n\n"
+        f"def main():\n    model = torch.nn.Linear(2, 2).cuda({index})\n    x = torch.zeros(2).to(f'cuda:{{{index}}}')\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    code = migrate(source)
+    assert "model = torch.nn.Linear(2, 2).to(device)" in code  # get_device() is cuda:<LOCAL_RANK>
+    assert "x = torch.zeros(2).to(device)" in code
+
+
+# -- library modules ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "def to_gpu(*tensors):\n    return [t.cuda() for t in tensors]\n",
+        "def mask(n):\n    return torch.ones(n, n, device='cuda').tril()\n",
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.register_buffer('scale', torch.ones(4).cuda())\n",
+        "DEVICE = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n",
+        "def load(path):\n    return torch.load(path)\n",
+    ],
+)
+def test_a_library_module_is_not_given_a_device_chosen_at_import(body):
+    source = "import torch\n\n\n" + body
+    result = migrate_source(source, PLAN)
+    assert result.code == source  # no `device = get_device()`: it would set the GPU when imported
+    assert result.findings and not any(f.fixed for f in result.findings)
+
+
+def test_the_same_placements_in_a_script_are_migrated():
+    source = "import torch\n\n\ndef to_gpu(*tensors):\n    return [t.cuda() for t in tensors]\n\n\nif __name__ == '__main__':\n    to_gpu(torch.ones(2))\n"
+    code = migrate(source)
+    assert "device = get_device()" in code and "t.to(device)" in code
+
+
+def test_parameter_defaults_are_never_rewritten_to_the_run_time_device():
+    source = "import torch\n\n\ndef buffer(n, device='cuda'):\n    return torch.zeros(n, device=device)\n\n\nif __name__ == '__main__':\n    buffer(2)\n"
+    result = migrate_source(source, PLAN)
+    assert result.code == source  # a default is evaluated at import
+    assert [(f.code, f.fixed) for f in result.findings] == [("AM302", False)]
+
+
+def test_calls_that_a_test_expects_to_raise_are_left_alone():
+    source = (
+        "import unittest\n\nimport torch\n\n\nclass T(unittest.TestCase):\n    def test_refused(self):\n"
+        "        with self.assertRaises(RuntimeError):\n            torch.nn.Linear(2, 2).cuda()\n\n\n"
+        "if __name__ == '__main__':\n    unittest.main()\n"
+    )
+    result = migrate_source(source, PLAN)
+    assert result.code == source
+    assert not result.findings
+
+
+# Files of the installed torch that the codemod used to change although they hold
+# no training loop: `Module.cuda(device=None)` became a no-op `.to(device)`, a
+# test's `remote_module.cuda()` inside assertRaises got a device bound at import,
+# and library functions' `torch.device("cuda")` became get_device().
+TORCH_LIBRARY_FILES = [
+    "nn/modules/module.py",
+    "testing/_internal/distributed/nn/api/remote_module_test.py",
+    "_inductor/comm_analysis.py",
+    "distributed/_dist2.py",
+    "_vendor/quack/gemm_blockscaled_interface.py",
+]
+
+
+@pytest.mark.parametrize("relative", TORCH_LIBRARY_FILES)
+def test_torchs_own_library_modules_are_left_unchanged(relative):
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torch is not installed")
+    path = Path(spec.submodule_search_locations[0]) / relative
+    if not path.exists():
+        pytest.skip(f"this torch has no {relative}")
+    source = path.read_text(encoding="utf-8")
+    result = migrate_source(source, PLAN, str(path))
+    assert result.code == source
+    assert not any(f.fixed for f in result.findings)
