@@ -3,13 +3,13 @@
 Exit codes (every command):
   0  done, or nothing to do
   1  changes pending (`apply --diff`) or findings (`check`)
-  2  usage error, or an input that could not be processed
+  2  usage error, an input that could not be processed, or a codemod
+     that failed on a file (AM000)
 """
 
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import click
@@ -17,7 +17,7 @@ import click
 from accelmigrate import __version__
 from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, find, parse_words, resolve, words_without_values
 from accelmigrate.config import Config, ConfigError, common_start, load_config
-from accelmigrate.engine import FileResult, plan_of, process_files
+from accelmigrate.engine import CODEMOD_FAILED, FileResult, plan_of, process_files
 from accelmigrate.report import Reporter
 from accelmigrate.sources import iter_python_files
 
@@ -27,7 +27,8 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  done, or nothing to do
   1  changes pending (apply --diff) or findings (check)
-  2  usage error, or an input that could not be processed"""
+  2  usage error, an input that could not be processed,
+     or a codemod that failed on a file (AM000)"""
 
 
 class UsageError(click.UsageError):
@@ -58,6 +59,13 @@ def _plan(words: Optional[str], config: Config, default: Sequence[str]):
 def _files(paths: Sequence[str], exclude: Sequence[str], config: Config) -> list[str]:
     files = [str(p) for p in iter_python_files(paths, [*config.exclude, *exclude])]
     return files
+
+
+def _codemod_failures(results: Sequence[FileResult]) -> str:
+    """The summary's clause for files where a codemod failed (AM000): that
+    codemod changed nothing there, which must not pass for success."""
+    failed = sum(1 for r in results if any(f.code == CODEMOD_FAILED for f in r.findings))
+    return f"; a codemod failed on {failed} file(s) ({CODEMOD_FAILED}) and migrated nothing there" if failed else ""
 
 
 def _run(files: list[str], plan, reporter: Reporter, *, jobs: Optional[int], **kwargs) -> list[FileResult]:
@@ -108,12 +116,14 @@ def apply(paths, exclude, jobs, output_format, words, dry_run) -> None:
         reporter.findings(results, unfixed_only=True, fixable_hint=False)
     errors = reporter.errors(results)
     verb = "would change" if dry_run else "changed"
+    failures = _codemod_failures(results)
     reporter.note(
         f"{len(changed)} file(s) {verb}, {len(results) - len(changed) - errors} unchanged"
         + (f", {errors} could not be processed" if errors else "")
         + (f"; {left} finding(s) need a manual step" if left else "")
+        + failures
     )
-    if errors:
+    if errors or failures:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_PENDING if dry_run and changed else EXIT_OK)
 
@@ -134,10 +144,15 @@ def check(paths, exclude, jobs, output_format, words) -> None:
     else:
         count = reporter.findings(results, unfixed_only=False, fixable_hint=True)
     errors = reporter.errors(results)
+    failures = _codemod_failures(results)
     if output_format == "text":
         fixable = sum(1 for r in results for f in r.findings if f.fixed)
-        reporter.note(f"{count} finding(s) in {len(results)} file(s)" + (f", {fixable} fixable with `accelmigrate apply`" if fixable else ""))
-    sys.exit(EXIT_ERROR if errors else (EXIT_PENDING if count else EXIT_OK))
+        reporter.note(
+            f"{count} finding(s) in {len(results)} file(s)"
+            + (f", {fixable} fixable with `accelmigrate apply`" if fixable else "")
+            + failures
+        )
+    sys.exit(EXIT_ERROR if errors or failures else (EXIT_PENDING if count else EXIT_OK))
 
 
 @main.command("list")

@@ -53,6 +53,8 @@ def common_start(paths: Sequence[str]) -> Path:
 
 
 def load_config(start: Path) -> Config:
+    """The configuration in the nearest pyproject.toml; a value of the wrong
+    type is a ConfigError naming the key and the type it must have."""
     pyproject = find_pyproject(start)
     if pyproject is None:
         return Config()
@@ -60,19 +62,57 @@ def load_config(start: Path) -> Config:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{pyproject}: cannot read the configuration: {error}") from None
-    tool = data.get("tool", {})
-    section = tool.get("accelmigrate", {})
+    check = _Checker(pyproject)
+    tool = check.table(data.get("tool", {}), "'tool'")
+    section = check.table(tool.get("accelmigrate", {}), "[tool] 'accelmigrate'")
     to = section.get("to")
-    if isinstance(to, str):
-        to = [to]
-    if to is not None and not (isinstance(to, list) and all(isinstance(w, str) for w in to)):
-        raise ConfigError(f"{pyproject}: [tool.accelmigrate] 'to' must be a string or a list of strings")
-    exclude = section.get("exclude", [])
-    if isinstance(exclude, str):
-        exclude = [exclude]
+    if to is not None:
+        to = check.strings(to, "[tool.accelmigrate] 'to'")
+    exclude = check.strings(section.get("exclude", []), "[tool.accelmigrate] 'exclude'")
     options = {
-        word: {str(k): str(v) for k, v in table.items()}
-        for word, table in section.get("options", {}).items()
-        if isinstance(table, dict)
+        str(word): {str(k): check.scalar(v, f"[tool.accelmigrate.options.{word}] {k!r}") for k, v in table.items()}
+        for word, table in check.table(section.get("options", {}), "[tool.accelmigrate] 'options'").items()
+        if check.table(table, f"[tool.accelmigrate.options] {word!r}") is not None
     }
-    return Config(pyproject, to, list(exclude), options, dict(tool.get("black", {})))
+    return Config(pyproject, to, exclude, options, check.black(tool.get("black", {})))
+
+
+# The [tool.black] settings that formatting reads, with the type each must have.
+_BLACK_SETTINGS = {
+    "line-length": int, "line_length": int,
+    "skip-string-normalization": bool, "skip-magic-trailing-comma": bool,
+}
+_TYPE_NAMES = {dict: "a table", list: "an array", str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+
+
+class _Checker:
+    def __init__(self, pyproject: Path) -> None:
+        self.pyproject = pyproject
+
+    def fail(self, key: str, expected: str, value: object) -> ConfigError:
+        found = _TYPE_NAMES.get(type(value), type(value).__name__)
+        return ConfigError(f"{self.pyproject}: {key} must be {expected}, not {found} ({value!r})")
+
+    def table(self, value: object, key: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(key, "a table", value)
+        return value
+
+    def strings(self, value: object, key: str) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+            raise self.fail(key, "a string or an array of strings", value)
+        return list(value)
+
+    def scalar(self, value: object, key: str) -> str:
+        if not isinstance(value, (str, int, float, bool)):
+            raise self.fail(key, "a string, a number or a boolean", value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    def black(self, value: object) -> dict:
+        settings = self.table(value, "[tool] 'black'")
+        for key, expected in _BLACK_SETTINGS.items():
+            if key in settings and not (type(settings[key]) is expected):
+                raise self.fail(f"[tool.black] {key!r}", _TYPE_NAMES[expected], settings[key])
+        return dict(settings)

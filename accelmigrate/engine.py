@@ -1,10 +1,15 @@
 """Run codemods over source text and files.
 
-One file: read (encoding, newlines and BOM kept) -> cheap text pre-check ->
-parse -> codemods in their fixed order -> check the result parses -> keep
-black formatting if the input had it -> diff or atomic write -> FileResult.
-A file that fails becomes a FileResult with an error and is never written;
-the others go on.
+One file: read (encoding, newlines and BOM kept) -> CPython's parser (its
+verdict on syntax, with its positions) -> cheap text pre-check -> LibCST parse
+-> codemods in their fixed order -> check the result parses -> keep black
+formatting if the input had it -> diff or atomic write -> FileResult.
+A file that fails, for whatever reason, becomes a FileResult with an error and
+is never written; the others go on.
+
+LibCST's visitors recurse once or more per level of nesting, so the LibCST
+part runs in a thread with a large stack and a raised recursion limit: any
+program that CPython itself accepts is deep enough to be handled.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import difflib
 import io
 import os
 import re
+import sys
+import threading
 import tokenize
 import traceback
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
@@ -26,10 +34,11 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
+from accelmigrate import indentation
 from accelmigrate.codemods import Codemod, Finding, all_codemods, resolve
 from accelmigrate.codemods._base import ALL_CODES, Suppressions
 from accelmigrate.formatting import black_format, is_black_formatted
-from accelmigrate.sources import InputError, SourceText, read_source, write_atomically
+from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
 SUPPRESSION_MARK = "accelmigrate:"
 _SKIP = re.compile(r"accelmigrate:\s*skip(?:\[([A-Za-z0-9_,\s]+)\])?")
@@ -37,6 +46,13 @@ _SKIP = re.compile(r"accelmigrate:\s*skip(?:\[([A-Za-z0-9_,\s]+)\])?")
 # Selected codemods with their options; a plain, picklable description so that
 # worker processes can rebuild it.
 Plan = Sequence[tuple[str, Mapping[str, str]]]
+
+# The code of the finding that says a codemod failed on a file.
+CODEMOD_FAILED = "AM000"
+# CPython (at its default recursion limit) accepts about 3,000 levels of
+# nesting; LibCST needs some 7 frames a level, each well under 10 KiB of C stack.
+DEEP_RECURSION_LIMIT = 50_000
+DEEP_STACK_BYTES = 512 * 2**20  # address space: only the pages used are ever touched
 
 
 @dataclasses.dataclass
@@ -87,11 +103,33 @@ def _classes(plan: Plan) -> list[tuple[type[Codemod], Mapping[str, str]]]:
 
 
 def _parse(source: str, path: str) -> cst.Module:
+    """LibCST's tree of a file that CPython has already accepted."""
     try:
-        return cst.parse_module(source)
+        tree = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         message = str(error.message).splitlines()[0] if error.message else "invalid syntax"
-        raise MigrationError(f"{path}:{error.raw_line}:{error.raw_column + 1}: syntax error: {message}") from None
+        raise MigrationError(f"{path}: valid Python that LibCST cannot parse ({message}); file left unchanged") from None
+    if indentation.needs_care(source):
+        tree = indentation.before_codemods(tree)
+    return tree
+
+
+def _ensure_round_trip(tree: cst.Module, source: str, path: str) -> None:
+    """LibCST moves form feeds that sit inside an indentation (it repeats or
+    drops them): a file whose text it would change outside the rewritten
+    nodes is left alone."""
+    if "\f" not in source:
+        return
+    printed = tree.code
+    if printed != source:
+        line = next(
+            (n for n, (a, b) in enumerate(zip(_lines(source), _lines(printed)), 1) if a != b),
+            min(source.count("\n"), printed.count("\n")) + 1,
+        )
+        raise MigrationError(
+            f"{path}:{line}: a form feed inside the indentation cannot be kept byte for byte; "
+            "file left unchanged (remove the form feed and run again)"
+        )
 
 
 def _run_one(
@@ -109,8 +147,8 @@ def _run_one(
             if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
                 tree = RemoveImportsVisitor(context).transform_module(tree)
     except Exception as error:  # a bug in one codemod must not cost the others
-        detail = traceback.format_exception_only(type(error), error)[-1].strip()
-        failure = Finding(1, 1, "AM000", f"codemod {cls.word!r} failed and changed nothing: {detail}", False, cls.word)
+        detail = _describe(error)
+        failure = Finding(1, 1, CODEMOD_FAILED, f"codemod {cls.word!r} failed and changed nothing: {detail}", False, cls.word)
         return wrapper.module, [failure], False
     changed = codemod.imports_changed or any(f.fixed for f in codemod.findings)
     return tree, codemod.findings, changed
@@ -141,9 +179,15 @@ def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_onl
     original): the same findings for far fewer metadata resolutions.
     """
     selected = [(cls, options) for cls, options in _classes(plan) if cls.wants(source)]
+    _ensure_valid_syntax(source, path)  # CPython's verdict, at CPython's own recursion limit
     if not selected:
-        _ensure_valid_syntax(source, path)  # CPython's parser: far cheaper than LibCST's
         return Migration(source, [])
+    return on_deep_stack(_run_codemods, source, selected, path, check_only)
+
+
+def _run_codemods(
+    source: str, selected: list[tuple[type[Codemod], Mapping[str, str]]], path: str, check_only: bool
+) -> Migration:
     original = _Stage.of(_parse(source, path), source)
     findings: list[Finding] = []
 
@@ -162,7 +206,85 @@ def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_onl
     stage = original
     for cls, options in selected:
         stage = advance(stage, cls, options)
-    return Migration(stage.code, sorted(findings))
+    if stage is original:
+        return Migration(source, sorted(findings))
+    _ensure_round_trip(original.wrapper.module, source, path)
+    final = stage.wrapper.module
+    code = indentation.after_codemods(final).code if indentation.needs_care(source) else stage.code
+    return Migration(code, sorted(findings))
+
+
+_deep = threading.local()
+
+
+def on_deep_stack(function: Callable, *args):
+    """`function(*args)` in a thread with a large stack and a high recursion
+    limit (the limit is per interpreter: raised only while such a thread
+    runs, since only its stack can hold that many frames)."""
+    if getattr(_deep, "active", False):
+        return function(*args)
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        _deep.active = True
+        try:
+            with _raised_recursion_limit:
+                outcome["value"] = function(*args)
+        except BaseException as error:  # handed to the caller's thread
+            outcome["error"] = error
+
+    thread = _start_with_deep_stack(run)
+    if thread is None:  # no such thread to be had: the ordinary stack and limit
+        return function(*args)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]
+
+
+_stack_size_lock = threading.Lock()
+
+
+def _start_with_deep_stack(run: Callable[[], None]) -> Optional[threading.Thread]:
+    with _stack_size_lock:
+        try:
+            previous = threading.stack_size(DEEP_STACK_BYTES)
+        except (ValueError, RuntimeError):
+            return None
+        try:
+            thread = threading.Thread(target=run, name="accelmigrate-codemods", daemon=True)
+            thread.start()
+        except RuntimeError:
+            return None
+        finally:
+            threading.stack_size(previous)
+    return thread
+
+
+class _RaisedRecursionLimit:
+    """The first deep-stack thread to enter raises the limit; the last to
+    leave puts back what it was."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.before = 0
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.inside == 0:
+                self.before = sys.getrecursionlimit()
+                sys.setrecursionlimit(max(self.before, DEEP_RECURSION_LIMIT))
+            self.inside += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.inside -= 1
+            if self.inside == 0:
+                sys.setrecursionlimit(self.before)
+
+
+_raised_recursion_limit = _RaisedRecursionLimit()
 
 
 def _prerequisites(cls: type[Codemod]) -> set[str]:
@@ -184,7 +306,7 @@ def _in_original_lines(findings: list[Finding], stage: str, original: str) -> li
     maps to the original line where it was inserted)."""
     if not findings:
         return findings
-    before, after = original.splitlines(), stage.splitlines()
+    before, after = _lines(original), _lines(stage)
     to_original: dict[int, int] = {}
     for _, i1, i2, j1, j2 in difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes():
         for offset in range(j2 - j1):
@@ -192,20 +314,34 @@ def _in_original_lines(findings: list[Finding], stage: str, original: str) -> li
     return [dataclasses.replace(f, line=to_original.get(f.line, f.line)) for f in findings]
 
 
+def _lines(text: str) -> list[str]:
+    """Lines as Python numbers them: str.splitlines would also break at form
+    feeds and other separators that the tokenizer leaves inside a line."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def _ensure_valid_syntax(source: str, path: str) -> None:
+    """CPython's verdict, position (1-based line and column) and message."""
     try:
         ast.parse(source)
     except SyntaxError as error:
-        column = f"{error.offset}:" if error.offset else ""
-        raise MigrationError(f"{path}:{error.lineno}:{column} syntax error: {error.msg}") from None
+        where = f"{error.lineno}:{error.offset}" if error.offset else f"{error.lineno}"
+        raise MigrationError(f"{path}:{where}: syntax error: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        raise MigrationError(f"{path}: nested too deeply for Python's own parser; file left unchanged") from None
+    except ValueError as error:  # NUL characters in a string given directly
+        raise MigrationError(f"{path}: {error}") from None
 
 
 def _ensure_parses(code: str, path: str) -> None:
     try:
         ast.parse(code)
-    except SyntaxError as error:
+    except (SyntaxError, RecursionError, MemoryError) as error:
+        reason = error.msg if isinstance(error, SyntaxError) else "nested too deeply for Python's parser"
+        line = f"{error.lineno}:" if isinstance(error, SyntaxError) else ""
         raise MigrationError(
-            f"{path}:{error.lineno}: internal error: the migrated code does not parse ({error.msg}); file left unchanged"
+            f"{path}:{line} internal error: the migrated code does not parse ({reason}); file left unchanged"
         ) from None
 
 
@@ -217,6 +353,8 @@ def process_file(
     write: bool = False,
     black_config: Optional[Mapping] = None,
 ) -> FileResult:
+    """One file, start to end. Whatever goes wrong becomes this file's error
+    (never the run's end); the file is then never written."""
     result = FileResult(path)
     try:
         source = read_source(Path(path))
@@ -236,7 +374,13 @@ def process_file(
         result.error = str(error)
     except OSError as error:
         result.error = f"{path}: cannot write: {error.strerror or error}"
+    except Exception as error:  # a bug, or an input nobody foresaw: this file only
+        result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
     return result
+
+
+def _describe(error: BaseException) -> str:
+    return one_line(traceback.format_exception_only(type(error), error)[-1].strip())
 
 
 def process_files(
@@ -250,23 +394,44 @@ def process_files(
     on_done: Optional[Callable[[FileResult], None]] = None,
 ) -> list[FileResult]:
     """Process many files, in worker processes when there are several; results
-    come back in the order of `paths`."""
+    come back in the order of `paths`. Before writing, temporary files that a
+    killed run left next to them are removed."""
     jobs = jobs or os.cpu_count() or 1
     kwargs = dict(check_only=check_only, write=write, black_config=black_config)
+    _classes(plan)  # an unknown word or option is the caller's error, raised before any file is read
+    if write:
+        remove_stale_temporaries({Path(os.path.realpath(p)).parent for p in paths})
     results: list[FileResult] = []
+
+    def done(result: FileResult) -> None:
+        results.append(result)
+        if on_done:
+            on_done(result)
+
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
-            results.append(process_file(path, plan, **kwargs))
-            if on_done:
-                on_done(results[-1])
+            done(process_file(path, plan, **kwargs))
         return results
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
-        chunk = max(1, min(16, len(paths) // (jobs * 8)))
-        for result in pool.map(_process_file_star, [(p, plan, kwargs) for p in paths], chunksize=chunk):
-            results.append(result)
-            if on_done:
-                on_done(result)
+    try:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
+            chunk = max(1, min(16, len(paths) // (jobs * 8)))
+            for result in pool.map(_process_file_star, [(p, plan, kwargs) for p in paths], chunksize=chunk):
+                done(result)
+    except BrokenProcessPool:
+        for path in paths[len(results):]:
+            done(_process_file_alone(path, plan, kwargs))
     return results
+
+
+def _process_file_alone(path: str, plan: Plan, kwargs: dict) -> FileResult:
+    """After a worker process died (killed, out of memory, a crash in native
+    code), each remaining file gets a process of its own, so that only the
+    file that kills one is lost."""
+    try:
+        with ProcessPoolExecutor(max_workers=1) as pool:
+            return pool.submit(_process_file_star, (path, plan, kwargs)).result()
+    except BrokenProcessPool:
+        return FileResult(path, error=f"{path}: the process migrating this file died (killed, or out of memory); file left unchanged")
 
 
 def _process_file_star(job: tuple[str, Plan, dict]) -> FileResult:

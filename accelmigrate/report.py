@@ -13,9 +13,16 @@ from rich.syntax import Syntax
 from accelmigrate.engine import FileResult
 
 
+def lines_with_ends(text: str) -> list[str]:
+    """The lines as Python and `patch` see them: broken at "\n" only (a form
+    feed or another Unicode line separator inside a line stays there)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def unified_diff(result: FileResult) -> str:
-    before = (result.original or "").splitlines(keepends=True)
-    after = (result.migrated or "").splitlines(keepends=True)
+    before = lines_with_ends(result.original or "")
+    after = lines_with_ends(result.migrated or "")
     lines = difflib.unified_diff(before, after, f"a/{result.path}", f"b/{result.path}")
     return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
 

@@ -3,16 +3,30 @@
 A file is decoded with the encoding Python itself would use (PEP 263 coding
 line, UTF-8 BOM), newlines untouched, and written back the same way,
 atomically: a temporary file in the same folder, then a rename.
+
+Only regular files are read (a FIFO or a device named `*.py` would block or
+never end). A symbolic link is followed: the file it names is rewritten and
+the link stays. A file is refused rather than rewritten when a rename would
+change more than its text: read-only, other hard links (a rename gives the
+path a new inode and the other names keep the old text), or an owner that
+cannot be kept.
+
+The temporary file's name carries the writer's process id; a later `apply`
+removes those whose writer is gone (killed in the middle of a write).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ast
+import codecs
 import fnmatch
 import io
 import os
-import shutil
+import re
+import stat
 import tempfile
+import time
 import tokenize
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -71,7 +85,7 @@ def iter_python_files(paths: Iterable[str], exclude: Sequence[str] = ()) -> Iter
 
 def read_source(path: Path) -> SourceText:
     try:
-        data = path.read_bytes()
+        data = _read_regular_file(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -81,16 +95,36 @@ def read_source(path: Path) -> SourceText:
     return decode_source(path, data)
 
 
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of `path` (links followed), refusing anything but a regular
+    file before reading from it: opening a FIFO waits for a writer, and a
+    device such as /dev/zero never ends."""
+    status = os.stat(path)
+    if stat.S_ISDIR(status.st_mode):
+        raise IsADirectoryError(21, "Is a directory")
+    _ensure_regular(path, status)
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(descriptor, "rb") as handle:
+        _ensure_regular(path, os.fstat(descriptor))  # the path may have been replaced since
+        return handle.read()
+
+
+def _ensure_regular(path: Path, status: os.stat_result) -> None:
+    if not stat.S_ISREG(status.st_mode):
+        raise InputError(f"{path}: not a regular file ({_file_kind(status.st_mode)}); skipped")
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")]
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
 def decode_source(path: Path, data: bytes) -> SourceText:
     if b"\x00" in data:
         raise InputError(f"{path}: binary file (contains NUL bytes), not Python source")
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-    except SyntaxError as error:
-        if "unknown encoding" in str(error):
-            raise InputError(f"{path}: {error}") from None
-        encoding = "utf-8"  # undecodable first lines: decoding below says where
-    if encoding == "utf-8" and data.startswith(b"\xef\xbb\xbf"):
+    encoding = _declared_encoding(path, data)
+    if encoding == "utf-8" and data.startswith(codecs.BOM_UTF8):
         encoding = "utf-8-sig"
     try:
         text = data.decode(encoding)
@@ -100,22 +134,156 @@ def decode_source(path: Path, data: bytes) -> SourceText:
             f"{path}:{line}: not valid {encoding.upper()} (byte 0x{data[error.start]:02x} at offset {error.start}); "
             "declare the file's encoding with a '# -*- coding: ... -*-' line or re-save it as UTF-8"
         ) from None
+    except (UnicodeError, LookupError) as error:
+        raise InputError(f"{path}: cannot be decoded as {encoding} (its coding line): {one_line(str(error))}") from None
     return SourceText(text, encoding)
 
 
+def _declared_encoding(path: Path, data: bytes) -> str:
+    """The encoding CPython would read `data` with, refusing what CPython
+    refuses: an unknown codec, a codec that does not decode to text (rot13,
+    hex, zlib...), a coding line that contradicts a UTF-8 BOM."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as error:
+        if "invalid or missing encoding declaration" in str(error):
+            return "utf-8"  # undecodable first lines: decoding says where
+        if data.startswith(codecs.BOM_UTF8):
+            raise InputError(f"{path}:1: a UTF-8 BOM and a coding line naming another encoding; Python refuses this file") from None
+        raise InputError(f"{path}: {error}") from None
+    if encoding != "utf-8":
+        _ensure_python_decodes(path, data)
+    return encoding
+
+
+def _ensure_python_decodes(path: Path, data: bytes) -> None:
+    """A declared encoding is accepted only if CPython's own reader accepts it
+    (which codecs it takes is its decision, not a list kept here); the rarity
+    of coding lines makes the extra parse cheap."""
+    try:
+        ast.parse(data)
+    except SyntaxError as error:
+        if not error.lineno:  # no line: the decoding failed, not the grammar
+            raise InputError(f"{path}: Python cannot decode this file with its coding line: {one_line(error.msg)}") from None
+    except Exception:
+        pass  # whatever else is wrong is reported on the decoded text
+
+
+def one_line(message: str) -> str:
+    """A message kept on one line of output (a line break in it escaped)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def write_atomically(path: Path, source: SourceText) -> None:
-    """Replace `path` by `source` so that no reader ever sees a torn file,
-    keeping the file's permissions."""
+    """Replace the file at `path` (through a symbolic link: the file it names)
+    by `source` so that no reader ever sees a torn file, keeping the file's
+    permissions and owner; refuse what a rename cannot keep (see above)."""
     data = source.text.encode(source.encoding)
-    folder = path.parent
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".accelmigrate", dir=folder)
+    target = Path(os.path.realpath(path))
+    status = os.stat(target)
+    _ensure_rewritable(path, target, status)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=TEMPORARY_SUFFIX, dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        shutil.copymode(path, temporary)
-        os.replace(temporary, path)
+        _keep_owner(path, temporary, status)
+        os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which may clear set-id bits
+        os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _ensure_rewritable(path: Path, target: Path, status: os.stat_result) -> None:
+    _ensure_regular(path, status)
+    if not status.st_mode & stat.S_IWUSR or not os.access(target, os.W_OK):
+        raise InputError(f"{path}: not written: the file is read-only (mode {stat.S_IMODE(status.st_mode):o}); make it writable to migrate it")
+    if status.st_nlink > 1:
+        raise InputError(
+            f"{path}: not written: the file has {status.st_nlink} hard links, and an atomic rewrite (a rename) would leave "
+            "the other names with the old text; remove the other links, or migrate a copy"
+        )
+
+
+def _keep_owner(path: Path, temporary: str, status: os.stat_result) -> None:
+    written = os.stat(temporary)
+    if not hasattr(os, "chown") or (written.st_uid, written.st_gid) == (status.st_uid, status.st_gid):
+        return
+    try:
+        os.chown(temporary, status.st_uid, status.st_gid)
+    except PermissionError:
+        raise InputError(
+            f"{path}: not written: the rewritten file could not keep its owner ({status.st_uid}:{status.st_gid}); "
+            "run as that user"
+        ) from None
+
+
+# -- temporary files left by a writer that was killed -------------------------------
+
+TEMPORARY_SUFFIX = ".accelmigrate"
+# `.NAME.PID.RANDOM.accelmigrate`; older versions wrote `.NAME.RANDOM.accelmigrate`.
+_TEMPORARY = re.compile(r"^\.(?P<name>.+?)(?:\.(?P<pid>\d+))?\.[a-z0-9_]{8}" + re.escape(TEMPORARY_SUFFIX) + "$")
+# A write takes milliseconds: a temporary file this old has no writer left,
+# even one on another machine sharing the folder (whose process ids mean
+# nothing here).
+DEAD_WRITER_GRACE_S = 60.0
+ABANDONED_AFTER_S = 3600.0
+
+
+def remove_stale_temporaries(folders: Iterable[Path]) -> list[Path]:
+    """Remove the temporary files in `folders` that no writer will rename any
+    more: its process is gone and it is over a minute old, or it is over an
+    hour old. Returns the files removed."""
+    removed = []
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            match = _TEMPORARY.match(name)
+            if match and _is_stale(folder / name, match.group("pid")):
+                try:
+                    (folder / name).unlink()
+                    removed.append(folder / name)
+                except OSError:
+                    pass  # gone already, or not ours to remove
+    return removed
+
+
+def _is_stale(file: Path, pid: str | None) -> bool:
+    try:
+        status = os.lstat(file)
+    except OSError:
+        return False
+    if not stat.S_ISREG(status.st_mode):
+        return False
+    age = time.time() - status.st_mtime
+    if age > ABANDONED_AFTER_S:
+        return True
+    return pid is not None and age > DEAD_WRITER_GRACE_S and not _process_alive(int(pid))
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id we can ask about
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return not _is_zombie(pid)  # it exists, as another user's process
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A killed process whose parent has not reaped it yet still answers
+    os.kill, but will never write again (known where /proc tells)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as status:
+            line = status.read()
+    except OSError:
+        return False
+    return line[line.rfind(")") + 2 :][:1] in ("Z", "X")  # the state follows "(command) "
