@@ -1,7 +1,8 @@
 """The registry of codemods: `--to` word -> codemod class, presets and order.
 
 Every module of this package whose name does not start with `_` is a codemod
-module; each defines one `Codemod` subclass. The engine knows no codemod by
+module; each defines one `Codemod` subclass. Subpackages (`script/`, the model
+of a training script that every codemod reads) are not codemods. The engine knows no codemod by
 name: it asks this registry.
 """
 
@@ -43,8 +44,8 @@ def all_codemods() -> Mapping[str, type[Codemod]]:
     """Every codemod, by word, in running order."""
     found: dict[str, type[Codemod]] = {}
     for module_info in pkgutil.iter_modules(__path__):
-        if module_info.name.startswith("_"):
-            continue
+        if module_info.name.startswith("_") or module_info.ispkg:
+            continue  # helpers and subpackages (the script model) are no codemods
         module = importlib.import_module(f"{__name__}.{module_info.name}")
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, Codemod) and value.__module__ == module.__name__:
