@@ -114,620 +114,27 @@ Left alone
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from typing import Iterator, Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ._base import CLIP_GRAD_FUNCTIONS, Codemod, code_of, is_docstring, times_or_divided
+from ._accumulate.factor import constant_statement, fresh_name, insert_module_statement, is_integer, module_constant, parse_factor
+from ._accumulate.loops import LoopReader, LoopShape, UpdateCall
+from ._accumulate.syntax import Problem, is_method_call, mentions, wrap_block
+from ._base import Codemod, code_of, times_or_divided, walk
+from .script.accumulate_facts import Uses, anchors, ddp_models
 
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
-RUNTIME_BATCH = "accelmigrate.runtime.batch"
-
-DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-ITERABLE_DATASET = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
-DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
-GRAD_SCALER = {
-    "torch.amp.GradScaler",
-    "torch.amp.grad_scaler.GradScaler",
-    "torch.cuda.amp.GradScaler",
-    "torch.cuda.amp.grad_scaler.GradScaler",
-    "torch.cpu.amp.GradScaler",
-    "accelmigrate.runtime.precision.grad_scaler",  # what the amp codemod writes
-}
-ENUMERATE = {"builtins.enumerate"}
-PROGRESS_BARS = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"}
-OPTIMIZER_PACKAGES = ("torch.optim.", "torch.distributed.optim.", "apex.optimizers.", "bitsandbytes.optim.")
-NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
-
-
-
-# -- small shared helpers (batch_scale uses them too) ---------------------------
-
-
-def parse_factor(options: Mapping[str, str], word: str, meaning: str) -> int:
-    """The N of `word=N`: a whole number of at least 2. A missing or invalid
-    value is a usage error, raised as ValueError before anything runs."""
-    raw = options.get("value")
-    if raw is None or not str(raw).strip():
-        raise ValueError(f"{word} needs a value: --to {word}=N, N being {meaning}")
-    try:
-        factor = int(str(raw).strip())
-    except ValueError:
-        raise ValueError(f"{word}={raw}: N must be a whole number (N is {meaning})") from None
-    if factor < 2:
-        raise ValueError(f"{word}={raw}: N must be at least 2 (N is {meaning})")
-    return factor
-
-
-def target_key(node: cst.CSTNode) -> Optional[str]:
-    """`name` or `self.attr` (a dotted chain of names): something a value can be
-    bound to and found again by its spelling."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute) and target_key(node.value) is not None:
-        return code_of(node)
-    return None
-
-
-def mentions(node: cst.CSTNode, key: str) -> bool:
-    """Does `key` (as `target_key` spells it) occur inside `node`?"""
-    return key in spellings(node)
-
-
-def spellings(node: cst.CSTNode) -> set[str]:
-    """The names and attribute chains read or written inside `node` (not the
-    `attr` of an attribute, nor an argument's keyword)."""
-    found, stack = set(), [node]
-    while stack:
-        current = stack.pop()
-        key = target_key(current) if isinstance(current, (cst.Name, cst.Attribute)) else None
-        if key is not None:
-            found.add(key)
-        if isinstance(current, cst.Attribute):
-            stack.append(current.value)
-        elif isinstance(current, cst.Arg):
-            stack.append(current.value)
-        else:
-            stack.extend(current.children)
-    return found
-
-
-def walk(node: cst.CSTNode, wanted, stop=lambda n: False) -> Iterator[cst.CSTNode]:
-    """Every descendant of `node` (itself included) that `wanted` accepts,
-    not descending below nodes that `stop` accepts."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if wanted(current):
-            yield current
-        if current is node or not stop(current):
-            stack.extend(reversed(current.children))
-
-
-def new_scope(node: cst.CSTNode) -> bool:
-    return isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))
-
-
-def is_method_call(node: cst.CSTNode, method: str) -> bool:
-    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == method
-
-
-def receiver(call: cst.Call) -> cst.BaseExpression:
-    return call.func.value  # type: ignore[union-attr]
-
-
-def positional_args(call: cst.Call) -> list[cst.Arg]:
-    return [arg for arg in call.args if arg.keyword is None and not arg.star]
-
-
-def is_optimizer_class(qualified: str) -> bool:
-    last = qualified.rsplit(".", 1)[-1]
-    return qualified.startswith(OPTIMIZER_PACKAGES) and not qualified.startswith(NOT_OPTIMIZERS) and last[:1].isupper()
-
-
-def is_scheduler_factory(qualified: str) -> bool:
-    last = qualified.rsplit(".", 1)[-1]
-    if qualified.startswith(("torch.optim.lr_scheduler.", "torch.optim.swa_utils.SWALR")):
-        return last[:1].isupper()
-    return qualified.startswith("transformers.") and last.startswith("get_") and "schedule" in last
-
-
-def fresh_name(base: str, taken: set[str]) -> str:
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    return name
-
-
-def module_constant_insertion_index(module: cst.Module) -> int:
-    """Where a new module constant goes: after the docstring and the imports
-    that open the module (so that imports added later still come first)."""
-    index = 0
-    for i, statement in enumerate(module.body):
-        if i == 0 and is_docstring(statement):
-            index = 1
-        elif _is_import_line(statement):
-            index = i + 1
-        else:
-            break
-    return index
-
-
-def _is_import_line(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
-    )
-
-
-def insert_module_statement(module: cst.Module, statement: cst.SimpleStatementLine) -> cst.Module:
-    """`module` with `statement` after its opening docstring and imports, set
-    apart by a blank line when something comes before it."""
-    position = module_constant_insertion_index(module)
-    if position > 0:
-        statement = statement.with_changes(leading_lines=[cst.EmptyLine()])
-    body = list(module.body)
-    return module.with_changes(body=[*body[:position], statement, *body[position:]])
-
-
-def module_constant(module: cst.Module, name: str) -> Optional[cst.Assign]:
-    """The module-level `NAME = ...` assignment, if there is one."""
-    for statement in module.body:
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if isinstance(small, cst.Assign) and any(
-                    isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets
-                ):
-                    return small
-    return None
-
-
-def constant_statement(name: str, value: int, comment: str) -> cst.SimpleStatementLine:
-    return cst.parse_statement(f"{name} = {value}  # {comment}\n")
-
-
 STEPS_MEANING = "the number of micro-batches per optimizer step"
-
-
-# -- what the module binds, calls and names --------------------------------------
-
-
-class ModuleFacts(cst.CSTVisitor):
-    """One pass over the original tree: bindings by spelling, calls, and every
-    identifier in use. Qualified names come from the codemod's metadata.
-
-    `bindings[key]` lists the values bound to a name or attribute chain, with
-    None for a binding of another kind (a parameter, a loop target, an
-    import, an augmented assignment...)."""
-
-    def __init__(self, codemod: Codemod) -> None:
-        super().__init__()
-        self.codemod = codemod
-        self.bindings: dict[str, list[Optional[cst.BaseExpression]]] = collections.defaultdict(list)
-        self.calls: list[cst.Call] = []
-        self.identifiers: set[str] = set()
-        self.classes: dict[str, cst.ClassDef] = {}
-        self.attribute_uses: collections.Counter[str] = collections.Counter()
-        self.name_uses: collections.Counter[str] = collections.Counter()
-        self.string_uses: collections.Counter[str] = collections.Counter()
-        self.subscript_uses: collections.Counter[str] = collections.Counter()  # `name[...]`
-        self._skip_names: set[int] = set()  # ids of Names that are attributes or keywords
-
-    @classmethod
-    def of(cls, codemod: Codemod, module: cst.Module) -> "ModuleFacts":
-        facts = cls(codemod)
-        module.visit(facts)
-        return facts
-
-    # -- bindings -------------------------------------------------------------
-
-    def _bind(self, target: cst.CSTNode, value: Optional[cst.BaseExpression] = None) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._bind(element.value)
-            return
-        if isinstance(target, cst.StarredElement):
-            self._bind(target.value)
-            return
-        key = target_key(target)
-        if key is not None:
-            self.bindings[key].append(value)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value if len(node.targets) == 1 else None)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._bind(node.target, node.value)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._bind(node.target)
-
-    def visit_For(self, node: cst.For) -> None:
-        self._bind(node.target)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self._bind(node.target)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._bind(node.asname.name)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind(node.target)
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self._bind(node.name)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        bound = node.asname.name if node.asname is not None else node.name
-        while isinstance(bound, cst.Attribute):  # `import a.b` binds `a`
-            bound = bound.value
-        self._bind(bound)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._bind(node.name)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes[node.name.value] = node
-        self._bind(node.name)
-
-    # -- uses -----------------------------------------------------------------
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-        self._count_string_arguments(node)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._skip_names.add(id(node.attr))
-        self.attribute_uses[node.attr.value] += 1
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if node.keyword is not None:
-            self._skip_names.add(id(node.keyword))
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if id(node) not in self._skip_names:
-            self.identifiers.add(node.value)
-            self.name_uses[node.value] += 1
-
-    # String keys that may name a value by its key: dict literal keys,
-    # `name["key"]`, `name.get("key")`, getattr(obj, "key") and its kin.
-
-    def visit_Subscript(self, node: cst.Subscript) -> None:
-        if isinstance(node.value, cst.Name):
-            self.subscript_uses[node.value.value] += 1
-            for element in node.slice:
-                if isinstance(element.slice, cst.Index):
-                    self._count_string(element.slice.value)
-
-    def visit_DictElement(self, node: cst.DictElement) -> None:
-        self._count_string(node.key)
-
-    def _count_string_arguments(self, node: cst.Call) -> None:
-        positional = positional_args(node)
-        if isinstance(node.func, cst.Name) and node.func.value in ("getattr", "setattr", "hasattr", "delattr") and len(positional) > 1:
-            self._count_string(positional[1].value)
-        elif is_method_call(node, "get") and isinstance(receiver(node), cst.Name) and positional:
-            self._count_string(positional[0].value)
-
-    def _count_string(self, node: cst.CSTNode) -> None:
-        if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
-            self.string_uses[node.evaluated_value] += 1
-
-    # -- questions --------------------------------------------------------------
-
-    def values(self, key: str) -> list[cst.BaseExpression]:
-        return [value for value in self.bindings.get(key, ()) if value is not None]
-
-    def kind(self, key: Optional[str]) -> Optional[str]:
-        """What `key` holds, when every value bound to it is of one kind:
-        optimizer, scheduler, scaler, ddp, loader (else None)."""
-        if key is None:
-            return None
-        kinds = {self.kind_of_value(value) for value in self.values(key)}
-        return kinds.pop() if len(kinds) == 1 else None
-
-    def kind_of_value(self, value: cst.BaseExpression) -> Optional[str]:
-        if not isinstance(value, cst.Call):
-            return None
-        names = self.codemod.qualified_names(value.func)
-        if any(is_optimizer_class(name) for name in names):
-            return "optimizer"
-        if any(is_scheduler_factory(name) for name in names):
-            return "scheduler"
-        if not names.isdisjoint(GRAD_SCALER):
-            return "scaler"
-        if not names.isdisjoint(DDP):
-            return "ddp"
-        if not names.isdisjoint(DATALOADER):
-            return "loader"
-        return None
-
-    def ddp_models(self) -> set[str]:
-        """The spellings of the models wrapped in DistributedDataParallel:
-        `X = DistributedDataParallel(...)`, under a condition or not, or
-        `X = DistributedDataParallel(...) if ... else X`."""
-        return {key for key in self.bindings if any(self._wraps_in_ddp(value) for value in self.values(key))}
-
-    def _wraps_in_ddp(self, value: cst.BaseExpression) -> bool:
-        if isinstance(value, cst.IfExp):
-            return self._wraps_in_ddp(value.body) or self._wraps_in_ddp(value.orelse)
-        return self.kind_of_value(value) == "ddp"
-
-    def is_iterable_dataset_class(self, name: str, seen: frozenset = frozenset()) -> bool:
-        """A class of this file that derives from torch's IterableDataset."""
-        class_def = self.classes.get(name)
-        if class_def is None or name in seen:
-            return False
-        for base in class_def.bases:
-            if self.codemod.is_qualified(base.value, ITERABLE_DATASET):
-                return True
-            if isinstance(base.value, cst.Name) and self.is_iterable_dataset_class(base.value.value, seen | {name}):
-                return True
-        return False
-
-
-# -- a training loop and the calls it makes ----------------------------------------
-
-
-@dataclasses.dataclass
-class Problem:
-    node: cst.CSTNode
-    code: str
-    message: str
-
-
-@dataclasses.dataclass
-class UpdateCall:
-    """A call that must run once per optimizer step."""
-
-    call: cst.Call
-    role: str  # zero_grad, optimizer_step, scaler_step, scaler_update, unscale, clip, scheduler_step, unknown_step
-    optimizer: Optional[str] = None  # the optimizer it steps, for the step roles
-
-
-@dataclasses.dataclass
-class LoopShape:
-    """A training loop as the codemods understand it."""
-
-    loop: cst.For
-    loader: cst.BaseExpression  # what `len()` counts
-    index: Optional[str]  # the enumerate index the loop already has
-    backward: cst.Call
-    backward_index: int  # position in the loop body of the statement holding it
-    optimizers: list[str]
-    updates: list[UpdateCall]
-
-
-class LoopReader:
-    """Reads training loops: the loops holding `backward()` or an optimizer
-    step, their loader, and the calls that must run once per step."""
-
-    def __init__(self, codemod: Codemod, facts: ModuleFacts) -> None:
-        self.codemod = codemod
-        self.facts = facts
-
-    # -- where the training happens --------------------------------------------
-
-    def anchors(self) -> tuple[dict[cst.CSTNode, list[cst.Call]], dict[cst.CSTNode, list[cst.Call]]]:
-        """Backward calls and optimizer steps, grouped by their innermost loop;
-        those outside any loop grouped by their function (or the module)."""
-        in_loops: dict[cst.CSTNode, list[cst.Call]] = collections.defaultdict(list)
-        loose: dict[cst.CSTNode, list[cst.Call]] = collections.defaultdict(list)
-        for call in self.facts.calls:
-            if not (is_method_call(call, "backward") or self._is_known_optimizer_step(call)):
-                continue
-            loop = self.codemod.innermost_loop(call)
-            if loop is not None:
-                in_loops[loop].append(call)
-            else:
-                loose[self._enclosing_function(call)].append(call)
-        return in_loops, loose
-
-    def _enclosing_function(self, node: cst.CSTNode) -> cst.CSTNode:
-        for ancestor in self.codemod.ancestors(node):
-            if isinstance(ancestor, (cst.FunctionDef, cst.Module)):
-                return ancestor
-        return node
-
-    def _is_known_optimizer_step(self, call: cst.Call) -> bool:
-        if not is_method_call(call, "step"):
-            return False
-        owner = self.facts.kind(target_key(receiver(call)))
-        return owner == "optimizer" or (owner == "scaler" and len(positional_args(call)) == 1)
-
-    # -- one loop ----------------------------------------------------------------
-
-    def read(self, loop: Union[cst.For, cst.While]) -> Union[LoopShape, Problem]:
-        if not isinstance(loop, cst.For) or loop.asynchronous is not None:
-            return Problem(loop, "AM601", "the training loop is not a `for` loop over a data loader: its last batch cannot be known; accumulate by hand")
-        source = self.loader_of(loop)
-        if isinstance(source, Problem):
-            return source
-        loader, index = source
-        if not isinstance(loop.body, cst.IndentedBlock):
-            return Problem(loop, "AM602", "the loop body shares the `for` line: put it on its own lines first")
-        exits = self._early_exits(loop)
-        if exits is not None:
-            return exits
-        backwards = [c for c in self._own_calls(loop) if is_method_call(c, "backward")]
-        if len(backwards) > 1:
-            return Problem(loop, "AM603", f"{len(backwards)} backward passes in one loop (a GAN or multi-loss loop?): accumulate each model's gradients by hand")
-        if backwards and self.codemod.is_qualified(backwards[0].func, {"torch.autograd.backward"}):
-            return Problem(backwards[0], "AM602", "torch.autograd.backward(): divide the losses by the group's size and gate the optimizer step by hand")
-        updates = self.update_calls(loop, backwards[0] if backwards else None)
-        if isinstance(updates, Problem):
-            return updates
-        optimizers = sorted({u.optimizer for u in updates if u.optimizer is not None})
-        if not backwards:
-            return Problem(loop, "AM604", "the optimizer steps in this loop but backward() runs elsewhere (in a helper?): accumulate by hand")
-        if not optimizers:
-            return Problem(loop, "AM604", "backward() runs in this loop but no optimizer steps in it (in a helper?): accumulate by hand")
-        if len(optimizers) > 1:
-            return Problem(loop, "AM603", f"several optimizers step in this loop ({', '.join(optimizers)}): accumulate by hand")
-        position = self._top_level_index(loop, backwards[0])
-        if position is None:
-            return Problem(backwards[0], "AM602", "backward() runs conditionally (inside an if, try or nested block): accumulate by hand")
-        return LoopShape(loop, loader, index, backwards[0], position, optimizers, updates)
-
-    def loader_of(self, loop: cst.For) -> Union[tuple[cst.BaseExpression, Optional[str]], Problem]:
-        """(the loader whose len() counts the batches, the existing enumerate index)."""
-        iterable, index = loop.iter, None
-        if self.codemod.is_call_to(iterable, ENUMERATE):
-            start = _enumerate_start(iterable)
-            if start != 0:
-                return Problem(loop, "AM602", "enumerate() starts at a number other than 0: make it start at 0, then migrate")
-            first = positional_args(iterable)
-            elements = loop.target.elements if isinstance(loop.target, (cst.Tuple, cst.List)) else ()
-            if len(first) < 1 or len(elements) != 2 or not isinstance(elements[0].value, cst.Name):
-                return Problem(loop, "AM602", "the loop's enumerate() index is not a plain name: accumulate by hand")
-            iterable, index = first[0].value, elements[0].value.value
-        if self.codemod.is_call_to(iterable, PROGRESS_BARS) and positional_args(iterable):
-            iterable = positional_args(iterable)[0].value
-        if target_key(iterable) is None:
-            return Problem(loop, "AM601", f"the loop iterates over `{code_of(iterable)}`, not a named data loader: its last batch cannot be known; accumulate by hand")
-        if self._has_no_length(target_key(iterable)):
-            return Problem(loop, "AM601", f"`{code_of(iterable)}` has no length (IterableDataset or generator): the epoch's last batch cannot be known; accumulate by hand")
-        return iterable, index
-
-    def stepped_optimizers(self, loop: cst.For) -> Union[list[str], Problem]:
-        """The optimizers that the loop steps (directly or through a scaler)."""
-        backwards = [c for c in self._own_calls(loop) if is_method_call(c, "backward")]
-        updates = self.update_calls(loop, backwards[0] if backwards else None)
-        if isinstance(updates, Problem):
-            return updates
-        return sorted({u.optimizer for u in updates if u.optimizer is not None})
-
-    def _has_no_length(self, key: str) -> bool:
-        for value in self.facts.values(key):
-            if isinstance(value, cst.GeneratorExp):
-                return True
-            if isinstance(value, cst.Call) and self.codemod.is_qualified(value.func, {"builtins.iter", "builtins.map", "builtins.zip", "builtins.filter"}):
-                return True
-            if isinstance(value, cst.Call) and self.codemod.is_call_to(value, DATALOADER) and value.args:
-                dataset = value.args[0].value
-                if self._dataset_has_no_length(dataset):
-                    return True
-        return False
-
-    def _dataset_has_no_length(self, dataset: cst.BaseExpression) -> bool:
-        candidates = [dataset]
-        if target_key(dataset) is not None:
-            candidates += self.facts.values(target_key(dataset))
-        return any(
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Name)
-            and self.facts.is_iterable_dataset_class(value.func.value)
-            for value in candidates
-        )
-
-    def _early_exits(self, loop: cst.For) -> Optional[Problem]:
-        """A break, continue or return would end a group before its step."""
-
-        def inner_loop(node: cst.CSTNode) -> bool:
-            return isinstance(node, (cst.For, cst.While)) and node is not loop
-
-        for node in walk(loop.body, lambda n: isinstance(n, (cst.Break, cst.Continue)), stop=lambda n: new_scope(n) or inner_loop(n)):
-            keyword = "break" if isinstance(node, cst.Break) else "continue"
-            return Problem(node, "AM602", f"`{keyword}` in the training loop can end a group of micro-batches before its optimizer step: accumulate by hand")
-        for node in walk(loop.body, lambda n: isinstance(n, cst.Return), stop=new_scope):
-            return Problem(node, "AM602", "`return` in the training loop can end a group of micro-batches before its optimizer step: accumulate by hand")
-        return None
-
-    def _own_calls(self, loop: cst.For) -> list[cst.Call]:
-        """Calls that the loop runs itself, once per iteration or less (not in a
-        nested loop, function or class)."""
-        return [
-            node
-            for node in walk(loop.body, lambda n: isinstance(n, cst.Call), stop=lambda n: new_scope(n) or isinstance(n, (cst.For, cst.While)))
-        ]
-
-    def update_calls(self, loop: cst.For, backward: Optional[cst.Call]) -> Union[list[UpdateCall], Problem]:
-        calls = self._own_calls(loop)
-        zeroed = {target_key(receiver(c)) for c in calls if is_method_call(c, "zero_grad")}
-        scaled = self._scalers_of(backward)
-        updates = []
-        for call in calls:
-            role = self._role(call, zeroed, scaled)
-            if role is None:
-                continue
-            if role.role == "unknown_step":
-                return Problem(call, "AM602", f"cannot tell whether `{code_of(receiver(call))}` is an optimizer or a learning-rate scheduler: accumulate by hand")
-            if role.role == "optimizer_step" and call.args:
-                return Problem(call, "AM602", "the optimizer step takes a closure (LBFGS-style): accumulate by hand")
-            updates.append(role)
-        return updates
-
-    def _scalers_of(self, backward: Optional[cst.Call]) -> set[str]:
-        """`scaler` when the backward reads `scaler.scale(loss).backward()`."""
-        if backward is None:
-            return set()
-        scaled = receiver(backward)
-        if is_method_call(scaled, "scale") and target_key(receiver(scaled)) is not None:
-            return {target_key(receiver(scaled))}
-        return set()
-
-    def _role(self, call: cst.Call, zeroed: set[Optional[str]], scalers: set[str]) -> Optional[UpdateCall]:
-        if self.codemod.is_call_to(call, CLIP_GRAD_FUNCTIONS):
-            return UpdateCall(call, "clip")
-        if not isinstance(call.func, cst.Attribute):
-            return None
-        method, owner = call.func.attr.value, target_key(receiver(call))
-        kind = self.facts.kind(owner)
-        is_scaler = kind == "scaler" or owner in scalers
-        if method == "zero_grad":
-            return UpdateCall(call, "zero_grad")
-        if is_scaler and method == "step" and len(positional_args(call)) >= 1:
-            return UpdateCall(call, "scaler_step", code_of(positional_args(call)[0].value))
-        if is_scaler and method == "update":
-            return UpdateCall(call, "scaler_update")
-        if is_scaler and method == "unscale_":
-            return UpdateCall(call, "unscale")
-        if method != "step" or owner is None:
-            return None
-        if kind == "optimizer":
-            return UpdateCall(call, "optimizer_step", owner)
-        if kind == "scheduler":
-            return UpdateCall(call, "scheduler_step")
-        if owner in zeroed and kind is None:
-            return UpdateCall(call, "optimizer_step", owner)  # it steps and zeroes gradients: an optimizer
-        return UpdateCall(call, "unknown_step")
-
-    def _top_level_index(self, loop: cst.For, node: cst.CSTNode) -> Optional[int]:
-        """The index, in the loop body, of the statement holding `node`, when
-        only `with` blocks (autocast, apex's scale_loss) stand between them."""
-        body = loop.body.body  # type: ignore[union-attr]
-        child = node
-        for ancestor in self.codemod.ancestors(node):
-            if ancestor is loop.body:
-                return body.index(child) if child in body else None
-            if isinstance(ancestor, (cst.If, cst.Else, cst.Try, cst.ExceptHandler, cst.Finally, cst.For, cst.While)):
-                return None
-            child = ancestor
-        return None
-
-
-def _enumerate_start(call: cst.Call) -> Optional[int]:
-    positional = positional_args(call)
-    start = positional[1].value if len(positional) > 1 else None
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "start":
-            start = arg.value
-    if start is None:
-        return 0
-    if isinstance(start, cst.Integer):
-        return int(start.value, 0)
-    return None
-
-
-# -- the rewrite of one loop ---------------------------------------------------------
+RUNTIME_BATCH = "accelmigrate.runtime.batch"
 
 
 @dataclasses.dataclass
 class LoopPlan:
+    """How one loop is rewritten: the names it gets and the statements gated."""
+
     index: str
     enumerate_added: bool
     loader: cst.BaseExpression
@@ -737,21 +144,6 @@ class LoopPlan:
     at_group_start: set[int]  # body positions of zero_grad() statements before backward()
     at_group_end: set[int]  # body positions of the statements gated to the group's end
     no_sync: Optional[tuple[int, int, str]] = None  # (first, last) body positions, model
-
-
-def _statement_leading(statement: cst.CSTNode) -> Sequence[cst.EmptyLine]:
-    return getattr(statement, "leading_lines", ())
-
-
-def wrap_block(header: str, statements: Sequence[cst.BaseStatement]) -> cst.BaseCompoundStatement:
-    """`header:` (an `if` or `with` line) over `statements`; the comments above the
-    first statement move above the new header."""
-    compound = cst.parse_statement(f"{header}:\n    pass\n")
-    first, rest = statements[0], list(statements[1:])
-    leading = _statement_leading(first)
-    if leading:
-        first = first.with_changes(leading_lines=[])
-    return compound.with_changes(body=compound.body.with_changes(body=[first, *rest]), leading_lines=leading)
 
 
 class Accumulate(Codemod):
@@ -779,6 +171,7 @@ class Accumulate(Codemod):
         self._backwards: dict[cst.Call, str] = {}  # backward call -> group size name
         self._define_constant = False
         self._name_taken = False  # STEPS_CONSTANT is used, but not as a module constant
+        self._identifiers: set[str] = set()  # every name the file uses: new names avoid them
 
     # -- suppression: a loop is silenced by a comment on its `for` line(s) only --
 
@@ -796,22 +189,25 @@ class Accumulate(Codemod):
     # -- analysis ---------------------------------------------------------------------
 
     def visit_Module(self, node: cst.Module) -> None:
-        facts = ModuleFacts.of(self, node)
-        reader = LoopReader(self, facts)
+        script = self.script
         constant = module_constant(node, STEPS_CONSTANT)
-        if constant is not None and not _is_integer(constant.value, self.steps):
+        if constant is not None and not is_integer(constant.value, self.steps):
             self.report(constant, "AM602", f"{STEPS_CONSTANT} is already {code_of(constant.value)}: set it to {self.steps} by hand")
             return
-        self._name_taken = constant is None and STEPS_CONSTANT in facts.identifiers
-        in_loops, loose = reader.anchors()
+        in_loops, loose = anchors(script)
         for function, calls in loose.items():
             where = f"`{function.name.value}`" if isinstance(function, cst.FunctionDef) else "this module"
             self.report(calls[0], "AM604", f"backward() or the optimizer step runs in {where} outside any loop (a helper called from the training loop?): accumulate at that loop by hand")
+        if not in_loops:
+            return
+        self._identifiers = Uses.of(script).identifiers
+        self._name_taken = constant is None and STEPS_CONSTANT in self._identifiers
+        reader = LoopReader(script)
         for loop in in_loops:
-            self._plan(loop, reader, facts)
+            self._plan(loop, reader)
         self._define_constant = bool(self._plans) and constant is None
 
-    def _plan(self, loop: Union[cst.For, cst.While], reader: LoopReader, facts: ModuleFacts) -> None:
+    def _plan(self, loop: Union[cst.For, cst.While], reader: LoopReader) -> None:
         if self._name_taken:
             self.report(loop, "AM602", f"the name {STEPS_CONSTANT} is already used in this file (not as a module constant): rename it, then migrate")
             return
@@ -821,7 +217,7 @@ class Accumulate(Codemod):
         if isinstance(shape, Problem):
             self.report(shape.node, shape.code, shape.message)
             return
-        plan = self._plan_shape(shape, facts)
+        plan = self._plan_shape(shape)
         if isinstance(plan, Problem):
             self.report(plan.node, plan.code, plan.message)
             return
@@ -829,7 +225,7 @@ class Accumulate(Codemod):
             return
         self._plans[loop] = plan
         self._backwards[shape.backward] = plan.group_size
-        self._add_no_sync(shape, plan, facts)
+        self._add_no_sync(shape, plan)
         for update in shape.updates:
             if update.role == "scheduler_step":
                 self.report(update.call, "AM605", f"`{code_of(update.call)}` now runs once per {self.steps} micro-batches: divide the step counts the scheduler was built with (total_steps, steps_per_epoch, T_max, warm-up steps...) by {STEPS_CONSTANT}")
@@ -840,7 +236,7 @@ class Accumulate(Codemod):
             f"group's size before backward(), and {shape.optimizers[0]} steps once per group and at the epoch's last batch"
         )
 
-    def _plan_shape(self, shape: LoopShape, facts: ModuleFacts) -> Union[LoopPlan, Problem]:
+    def _plan_shape(self, shape: LoopShape) -> Union[LoopPlan, Problem]:
         body = list(shape.loop.body.body)  # type: ignore[union-attr]
         roles = {id(u.call): u for u in shape.updates}
         at_start, at_end = set(), set()
@@ -861,7 +257,7 @@ class Accumulate(Codemod):
             return stale
         if shape.index is not None and self._reassigned(shape.loop, shape.index):
             return Problem(shape.loop, "AM602", f"the loop index `{shape.index}` is reassigned in the loop: accumulate by hand")
-        taken = facts.identifiers | {STEPS_CONSTANT}
+        taken = self._identifiers | {STEPS_CONSTANT}
         return LoopPlan(
             index=shape.index or fresh_name("batch_idx", taken),
             enumerate_added=shape.index is None,
@@ -876,7 +272,7 @@ class Accumulate(Codemod):
     def _statement_kind(self, statement: cst.CSTNode, roles: Mapping[int, UpdateCall], shape: LoopShape) -> Union[str, Problem, None]:
         """"zero_grad" or "update" when the statement does nothing but such calls,
         None when it holds none, a Problem when it mixes them with other code."""
-        inside = [roles[id(c)] for c in walk(statement, lambda n: isinstance(n, cst.Call)) if id(c) in roles]
+        inside = [roles[id(c)] for c in walk(statement) if isinstance(c, cst.Call) and id(c) in roles]
         if not inside:
             return None
         if isinstance(statement, cst.SimpleStatementLine) and all(self._is_update_small(s, roles) for s in statement.body):
@@ -914,8 +310,10 @@ class Accumulate(Codemod):
         assigned = {
             name.value
             for position in gated
-            for target in walk(body[position], lambda n: isinstance(n, cst.AssignTarget))
-            for name in walk(target, lambda n: isinstance(n, cst.Name))
+            for target in walk(body[position])
+            if isinstance(target, cst.AssignTarget)
+            for name in walk(target)
+            if isinstance(name, cst.Name)
         }
         for position, statement in enumerate(body):
             if position in gated:
@@ -926,18 +324,18 @@ class Accumulate(Codemod):
         return None
 
     def _reassigned(self, loop: cst.For, name: str) -> bool:
-        targets = walk(loop.body, lambda n: isinstance(n, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.AsName)))
-        for node in targets:
+        binders = (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.AsName)
+        for node in (n for n in walk(loop.body) if isinstance(n, binders)):
             bound = node.target if not isinstance(node, cst.AsName) else node.name
             if mentions(bound, name):
                 return True
         return False
 
-    def _add_no_sync(self, shape: LoopShape, plan: LoopPlan, facts: ModuleFacts) -> None:
+    def _add_no_sync(self, shape: LoopShape, plan: LoopPlan) -> None:
         """Under DDP, the forward and backward of a micro-batch that does not end
         its group skip the all-reduce: from the first statement that uses the
         model to the one holding backward()."""
-        models = sorted(facts.ddp_models())
+        models = sorted(ddp_models(self.script))
         if not models:
             return
         body = shape.loop.body.body  # type: ignore[union-attr]
@@ -1038,8 +436,5 @@ class Accumulate(Codemod):
         return insert_module_statement(updated_node, constant)
 
 
-def _is_integer(node: cst.BaseExpression, value: int) -> bool:
-    return isinstance(node, cst.Integer) and int(node.value, 0) == value
 
-
-__all__ = ["Accumulate", "LoopReader", "ModuleFacts", "code_of", "parse_factor"]
+__all__ = ["Accumulate"]

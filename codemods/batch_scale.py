@@ -67,21 +67,13 @@ from typing import Optional, Union
 
 import libcst as cst
 
-from ._base import Codemod, append_keyword_args, has_star_args, keyword_arg, times_or_divided
-from .accumulate import (
-    DATALOADER,
-    LoopReader,
-    ModuleFacts,
-    Problem,
-    code_of,
-    constant_statement,
-    insert_module_statement,
-    is_method_call,
-    module_constant,
-    parse_factor,
-    positional_args,
-    target_key,
-)
+from ._accumulate.factor import constant_statement, insert_module_statement, is_integer, module_constant, parse_factor
+from ._accumulate.loops import LoopReader
+from ._accumulate.syntax import Problem, is_method_call, positional_args, target_key
+from ._base import Codemod, append_keyword_args, code_of, has_star_args, keyword_arg, times_or_divided
+from .script import ScriptModel
+from .script import vocabulary as v
+from .script.accumulate_facts import Uses, backward_calls, made_by_call, references
 
 SCALE_CONSTANT = "BATCH_SCALE"
 WARM_UP_ABOVE = 8  # larger factors get finding AM613
@@ -114,42 +106,44 @@ class Scaling:
 
 class ValueTracer:
     """Follows a batch size or learning rate to the one place where scaling
-    it changes nothing else."""
+    it changes nothing else: a definition that the model resolves the use
+    to, and that nothing else in the file reads."""
 
-    def __init__(self, codemod: Codemod, facts: ModuleFacts, numbers: tuple[type, ...]) -> None:
-        self.codemod = codemod
-        self.facts = facts
+    def __init__(self, script: ScriptModel, uses: Uses, numbers: tuple[type, ...]) -> None:
+        self.script = script
+        self.uses = uses
         self.numbers = numbers  # the literal types a followed definition may hold
 
     def trace(self, value: cst.BaseExpression, what: str, depth: int = 0, where: str = "") -> Union[Scaling, Problem]:
         if depth > 4:
             return Problem(value, "AM612", f"{what} is defined too many steps away: scale it by hand")
         if isinstance(value, cst.Name):
-            return self._through_binding(value, value.value, self.facts.name_uses[value.value], what, depth)
+            return self._through_binding(value, value.value, self.uses.names[value.value], what, depth)
         if isinstance(value, cst.Attribute):
             key = target_key(value)
-            if key is not None and self.facts.values(key):
-                return self._through_binding(value, key, self.facts.attribute_uses[value.attr.value], what, depth)
+            if key is not None and any(_assigned_value(b) is not None for b in references(self.script, value)):
+                return self._through_binding(value, key, self.uses.attributes[value.attr.value], what, depth)
             return self._through_argparse(value, what, depth)
         if isinstance(value, cst.Subscript):
             return self._through_dict(value, what, depth)
         return Scaling(value, where or f"`{code_of(value)}`")  # used only here: scale it here
 
     def _through_binding(self, use: cst.BaseExpression, key: str, uses: int, what: str, depth: int) -> Union[Scaling, Problem]:
-        bindings = self.facts.bindings.get(key, [])
-        if len(bindings) != 1 or bindings[0] is None:
+        bindings = references(self.script, use)
+        value = _assigned_value(bindings[0]) if len(bindings) == 1 else None
+        if value is None:
             return Problem(use, "AM612", f"{what} is `{key}`, which is not assigned exactly once (a parameter, or reassigned): scale it by hand")
         if uses != 2:
             return Problem(use, "AM612", f"{what} is `{key}`, which is read elsewhere too (scaling it would change those readers): scale {what} by hand")
-        return self.trace(bindings[0], what, depth + 1, f"the definition of `{key}`")
+        return self.trace(value, what, depth + 1, f"the definition of `{key}`")
 
     def _through_argparse(self, use: cst.Attribute, what: str, depth: int) -> Union[Scaling, Problem]:
         dest = use.attr.value
-        arguments = [c for c in self.facts.calls if is_method_call(c, "add_argument") and argparse_dest(c) == dest]
+        arguments = [c for c in _calls(self.script) if is_method_call(c, "add_argument") and argparse_dest(c) == dest]
         if len(arguments) != 1:
             return Problem(use, "AM612", f"{what} is `{code_of(use)}`, which cannot be followed to one definition: scale it by hand")
         (argument,) = arguments
-        if self.facts.attribute_uses[dest] != 1 or self.facts.string_uses[dest] != 0:
+        if self.uses.attributes[dest] != 1 or self.uses.strings[dest] != 0:
             return Problem(use, "AM612", f"{what} is `{code_of(use)}`, which is read elsewhere too (scaling its default would change those readers): scale {what} by hand")
         default = keyword_arg(argument, "default")
         if default is None:
@@ -164,15 +158,29 @@ class ValueTracer:
         name, key = use.value, _string_index(use)
         if not isinstance(name, cst.Name) or key is None:
             return Problem(use, "AM612", f"{what} is `{code_of(use)}`: scale it by hand")
-        bindings = self.facts.bindings.get(name.value, [])
-        literal = bindings[0] if len(bindings) == 1 else None
-        only_subscripted = self.facts.name_uses[name.value] == 1 + self.facts.subscript_uses[name.value]
-        if not isinstance(literal, cst.Dict) or not only_subscripted or self.facts.string_uses[key] != 2:
+        bindings = references(self.script, name)
+        literal = _assigned_value(bindings[0]) if len(bindings) == 1 else None
+        only_subscripted = self.uses.names[name.value] == 1 + self.uses.subscripted[name.value]
+        if not isinstance(literal, cst.Dict) or not only_subscripted or self.uses.strings[key] != 2:
             return Problem(use, "AM612", f"{what} is `{code_of(use)}`, which is not a dict literal entry used only here: scale it by hand")
         for element in literal.elements:
             if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and element.key.evaluated_value == key:
                 return self.trace(element.value, what, depth + 1, f"the {key!r} entry of `{name.value}`")
         return Problem(use, "AM612", f"`{name.value}` has no literal {key!r} entry: scale {what} by hand")
+
+
+def _assigned_value(binding) -> Optional[cst.BaseExpression]:
+    """The value of `name = value` (one target, not unpacked); None for a
+    parameter, a loop target, an import, an augmented assignment..."""
+    statement = binding.statement
+    if binding.kind != "assign" or (isinstance(statement, cst.Assign) and len(statement.targets) != 1):
+        return None
+    return binding.value
+
+
+def _calls(script: ScriptModel) -> list[cst.Call]:
+    """Every call of the file, in source order."""
+    return sorted((c for scope in script.scopes for c in scope.calls), key=script.index.order.__getitem__)
 
 
 def _string_index(subscript: cst.Subscript) -> Optional[str]:
@@ -208,22 +216,23 @@ class BatchScale(Codemod):
     def visit_Module(self, node: cst.Module) -> None:
         existing = module_constant(node, SCALE_CONSTANT)
         if existing is not None:
-            if not (isinstance(existing.value, cst.Integer) and int(existing.value.value, 0) == self.scale):
+            if not is_integer(existing.value, self.scale):
                 self.report(existing, "AM612", f"{SCALE_CONSTANT} is already {code_of(existing.value)}: set it to {self.scale} by hand")
             return
-        facts = ModuleFacts.of(self, node)
-        targets = self._training_targets(facts)
+        script = self.script
+        targets = self._training_targets(script)
         if isinstance(targets, Problem):
             self.report(targets.node, targets.code, targets.message)
             return
         loaders, optimizers = targets
         if not loaders:
             return
-        if SCALE_CONSTANT in facts.identifiers:
+        uses = Uses.of(script)
+        if SCALE_CONSTANT in uses.identifiers:
             self.report(loaders[0], "AM612", f"the name {SCALE_CONSTANT} is already used in this file (not as a module constant): rename it, then migrate")
             return
-        batch = [self._batch_scaling(loader, facts) for loader in loaders]
-        rates = [self._rate_scaling(optimizer, facts) for optimizer in optimizers]
+        batch = [self._batch_scaling(loader, ValueTracer(script, uses, (cst.Integer,))) for loader in loaders]
+        rates = [self._rate_scaling(optimizer, ValueTracer(script, uses, (cst.Integer, cst.Float))) for optimizer in optimizers]
         problems = [p for p in (*batch, *rates) if isinstance(p, Problem)]
         for problem in problems:
             self.report(problem.node, problem.code, problem.message + " (the batch size and the learning rate are scaled together or not at all)")
@@ -248,24 +257,16 @@ class BatchScale(Codemod):
         if self.scale > WARM_UP_ABOVE:
             self.report(optimizers[0], "AM613", f"the learning rate grows {self.scale}-fold (more than {WARM_UP_ABOVE}): warm it up linearly from its old value over the first epochs, or training may diverge early")
 
-    def _training_targets(self, facts: ModuleFacts) -> Union[tuple[list[cst.Call], list[cst.Call]], Problem]:
-        """(the training DataLoader calls, the optimizer constructor calls)."""
-        reader = LoopReader(self, facts)
-        in_loops, _ = reader.anchors()
-        loader_keys, optimizer_keys = set(), set()
-        for loop in in_loops:
-            if not isinstance(loop, cst.For) or not any(is_method_call(c, "backward") for c in reader._own_calls(loop)):
-                continue
-            source = reader.loader_of(loop)
-            stepped = reader.stepped_optimizers(loop)
-            if not isinstance(source, Problem):
-                loader_keys.add(target_key(source[0]))
-            if not isinstance(stepped, Problem):
-                optimizer_keys.update(stepped)
-        all_loaders = [c for c in facts.calls if self.is_call_to(c, DATALOADER)]
-        all_optimizers = [c for c in facts.calls if facts.kind_of_value(c) == "optimizer"]
-        loaders = self._constructed(loader_keys, "loader", facts) or _only(all_loaders)
-        optimizers = self._constructed(optimizer_keys, "optimizer", facts) or _only(all_optimizers)
+    def _training_targets(self, script: ScriptModel) -> Union[tuple[list[cst.Call], list[cst.Call]], Problem]:
+        """(the training DataLoader calls, the optimizer constructor calls): those
+        of the loops holding a backward() when the model traces each to one
+        constructor call, else the file's only DataLoader and optimizer."""
+        loaders, optimizers = self._traced_targets(script)
+        all_calls = _calls(script)
+        all_loaders = [c for c in all_calls if _is_dataloader(script, c)]
+        all_optimizers = [c for c in all_calls if _makes_optimizer(script, c)]
+        loaders = loaders or _only(all_loaders)
+        optimizers = optimizers or _only(all_optimizers)
         if not loaders and all_loaders:
             return Problem(all_loaders[0], "AM612", "cannot tell which DataLoader the training loop iterates over: scale its batch size and the learning rate by hand")
         if not optimizers and all_optimizers:
@@ -275,17 +276,23 @@ class BatchScale(Codemod):
             return Problem(first, "AM612", "no torch DataLoader and optimizer of a training loop found in this file: scale the batch size and the learning rate by hand") if first is not None else ([], [])
         return loaders, optimizers
 
-    def _constructed(self, keys: set, kind: str, facts: ModuleFacts) -> list[cst.Call]:
-        """The constructor calls bound to `keys`, when each key has exactly one."""
-        calls = []
-        for key in sorted(k for k in keys if k is not None):
-            values = [v for v in facts.values(key) if isinstance(v, cst.Call) and facts.kind_of_value(v) == kind]
-            if len(values) != 1:
-                return []
-            calls.append(values[0])
-        return calls
+    def _traced_targets(self, script: ScriptModel) -> tuple[list[cst.Call], list[cst.Call]]:
+        """The constructor calls of the training loops' loaders and of the
+        optimizers their steps update; a list is empty when one of its
+        references cannot be traced to a single call."""
+        reader = LoopReader(script)
+        loaders: list = []
+        optimizers: list = []
+        for loop, steps in _training_loops(script).items():
+            source = reader.loader_of(loop)
+            if not isinstance(source, Problem):
+                loaders.append(made_by_call(script, source[0], "loader", lambda c: _is_dataloader(script, c)))
+            for step in (s for training in steps for s in training.optimizer_steps):
+                stepped = positional_args(step.call)[0].value if step.through_scaler else step.call.func.value
+                optimizers.append(made_by_call(script, stepped, "optimizer", lambda c: _makes_optimizer(script, c)))
+        return _distinct_or_none(loaders), _distinct_or_none(optimizers)
 
-    def _batch_scaling(self, loader: cst.Call, facts: ModuleFacts) -> Union[Scaling, Problem, None]:
+    def _batch_scaling(self, loader: cst.Call, tracer: ValueTracer) -> Union[Scaling, Problem, None]:
         """Where to scale the loader's batch size; None: not given (1), add it."""
         if keyword_arg(loader, "batch_sampler") is not None:
             return Problem(loader, "AM612", "the DataLoader takes a batch_sampler: scale the batch size in the sampler by hand")
@@ -298,9 +305,9 @@ class BatchScale(Codemod):
             return None
         if isinstance(value, cst.Name) and value.value == "None":
             return Problem(loader, "AM612", "batch_size=None (the dataset yields batches): scale the batch size by hand")
-        return ValueTracer(self, facts, (cst.Integer,)).trace(value, "the batch size")
+        return tracer.trace(value, "the batch size")
 
-    def _rate_scaling(self, optimizer: cst.Call, facts: ModuleFacts) -> Union[Scaling, Problem]:
+    def _rate_scaling(self, optimizer: cst.Call, tracer: ValueTracer) -> Union[Scaling, Problem]:
         given = keyword_arg(optimizer, "lr")
         positional = positional_args(optimizer)
         value = given.value if given is not None else (positional[1].value if len(positional) > 1 else None)
@@ -310,7 +317,7 @@ class BatchScale(Codemod):
             return Problem(optimizer, "AM612", "the optimizer has parameter groups (they may set their own learning rates): scale them by hand")
         if value is None:
             return Problem(optimizer, "AM612", "the optimizer uses its default learning rate: pass lr=<default> * BATCH_SCALE by hand")
-        return ValueTracer(self, facts, (cst.Integer, cst.Float)).trace(value, "the learning rate")
+        return tracer.trace(value, "the learning rate")
 
     # -- the rewrite --------------------------------------------------------------------
 
@@ -334,6 +341,29 @@ class BatchScale(Codemod):
 
 def _only(calls: list[cst.Call]) -> list[cst.Call]:
     return calls[:1] if len(calls) == 1 else []
+
+
+def _distinct_or_none(calls: list) -> list[cst.Call]:
+    """The calls, each once, in order; none at all when one is missing (None)."""
+    return [] if None in calls else list({id(c): c for c in calls}.values())
+
+
+def _training_loops(script: ScriptModel) -> dict:
+    """`for` loop -> the training steps whose backward() it repeats itself."""
+    loops: dict = {}
+    backwards = set(backward_calls(script))
+    for step in script.training_steps:
+        if step.backward in backwards and step.loops and isinstance(step.loops[0].node, cst.For):
+            loops.setdefault(step.loops[0].node, []).append(step)
+    return loops
+
+
+def _is_dataloader(script: ScriptModel, call: cst.BaseExpression) -> bool:
+    return script.is_call_to(call, v.DATALOADER)
+
+
+def _makes_optimizer(script: ScriptModel, call: cst.BaseExpression) -> bool:
+    return isinstance(call, cst.Call) and any(v.makes_optimizer(q) for q in script.qualified_names(call.func))
 
 
 __all__ = ["BatchScale"]

@@ -285,3 +285,89 @@ def test_no_sync_unless_enters_no_sync_only_when_not_syncing():
 def test_no_sync_unless_leaves_an_unwrapped_model_alone():
     with no_sync_unless(False, torch.nn.Linear(2, 2)):
         pass
+
+
+# -- facts read from the script model ---------------------------------------------------
+
+
+def script_of(source: str):
+    import libcst as cst
+
+    from accelmigrate.codemods.script import ScriptModel
+
+    return ScriptModel.of(cst.parse_module(source))
+
+
+def test_a_scheduler_that_may_be_none_is_still_a_scheduler():
+    """`scheduler = None` then, under a flag, a StepLR: the model knows a
+    scheduler, so its step is gated and reported (AM605) instead of the loop
+    being refused as holding a step it cannot tell apart (AM602)."""
+    source = LOOP.replace("for x, y", "scheduler = None\nif use_schedule:\n    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 10)\nfor x, y")
+    source += "    if scheduler is not None:\n        scheduler.step()\n"
+    result = migrate_source(source, [("accumulate", {"value": "4"})])
+    assert [f.code for f in result.findings] == ["AM600", "AM605"]
+    assert "    if end_of_group:\n        optimizer.step()\n        if scheduler is not None:\n            scheduler.step()\n" in result.code
+
+
+def test_anchors_group_backward_and_steps_by_the_loop_that_repeats_them():
+    from accelmigrate.codemods.script.accumulate_facts import anchors
+
+    script = script_of(
+        "import torch\n"
+        "opt = torch.optim.SGD(params, lr=0.1)\n"
+        "def helper(batch):\n"
+        "    model(batch).backward()\n"
+        "for epoch in range(2):\n"
+        "    for batch in loader:\n"
+        "        helper(batch)\n"
+        "        opt.step()\n"
+        "        model(batch).backward()\n"
+    )
+    in_loops, loose = anchors(script)
+    (loop,) = in_loops
+    assert script.line(loop) == 6 and [script.line(c) for c in in_loops[loop]] == [8, 9]
+    ((function, calls),) = loose.items()
+    assert function.name.value == "helper" and [script.line(c) for c in calls] == [4]
+
+
+def test_ddp_models_include_a_conditional_wrap():
+    from accelmigrate.codemods.script.accumulate_facts import ddp_models
+
+    script = script_of(
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "net = DDP(net) if distributed else net\n"
+        "class T:\n"
+        "    def __init__(self, m):\n"
+        "        self.model = DDP(m)\n"
+        "other = Wrapper(net)\n"
+    )
+    assert ddp_models(script) == {"net", "self.model"}
+
+
+@pytest.mark.parametrize(
+    "definition, lengthless",
+    [
+        ("loader = (b for b in batches)", True),
+        ("loader = zip(a, b)", True),
+        ("class S(IterableDataset):\n    pass\nloader = DataLoader(S(), batch_size=2)", True),
+        ("class S(IterableDataset):\n    pass\nclass T(S):\n    pass\ndata = T()\nloader = DataLoader(data)", True),
+        ("class IterableDataset:\n    pass\nloader = DataLoader(IterableDataset())", False),
+        ("loader = DataLoader(TensorDataset(x, y), batch_size=2)", False),
+    ],
+)
+def test_a_loader_without_a_length_is_known(definition, lengthless):
+    import libcst as cst
+
+    from accelmigrate.codemods.script.accumulate_facts import has_no_length
+
+    script = script_of(f"from torch.utils.data import DataLoader, IterableDataset, TensorDataset\n{definition}\nfor b in loader:\n    pass\n")
+    (loop,) = [s for s in script.module.body if isinstance(s, cst.For)]
+    assert has_no_length(script, loop.iter) is lengthless
+
+
+def test_uses_count_names_attributes_and_string_keys():
+    from accelmigrate.codemods.script.accumulate_facts import Uses
+
+    uses = Uses.of(script_of('lr = cfg["lr"]\nopt = SGD(p, lr=args.lr)\ngetattr(args, "lr")\nd = {"lr": 1}\n'))
+    assert (uses.names["lr"], uses.attributes["lr"], uses.strings["lr"], uses.subscripted["cfg"]) == (1, 1, 3, 1)
+    assert {"cfg", "opt", "SGD", "args", "getattr", "d"} <= uses.identifiers and "lr" in uses.identifiers

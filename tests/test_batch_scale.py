@@ -170,3 +170,28 @@ def _single_process_trials(limit: int, start: int) -> list:
     step = FakeStep(limit)
     find_max_batch_size(step, start=start)
     return step.tried
+
+
+def test_a_loader_alias_is_followed_to_the_training_loader():
+    """`loader = train_loader` with a test loader beside it: the model follows
+    the alias, so the training loader is scaled instead of the file being
+    refused for having two loaders (AM612)."""
+    source = textwrap.dedent(
+        """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        train_loader = DataLoader(train_set, batch_size=64, shuffle=True)
+        test_loader = DataLoader(test_set, batch_size=256)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = train_loader
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x, y).backward()
+            optimizer.step()
+        """
+    )
+    result = migrate_source(source, [("batch-scale", {"value": "2"})])
+    assert [(f.line, f.code) for f in result.findings] == [(4, "AM610"), (6, "AM611")]
+    assert "DataLoader(train_set, batch_size=64 * BATCH_SCALE, shuffle=True)" in result.code
+    assert "DataLoader(test_set, batch_size=256)" in result.code and "lr=0.1 * BATCH_SCALE" in result.code

@@ -110,6 +110,16 @@ class ScriptModel:
         """What a name (or `self.x`, `args.x`) holds where it is used."""
         return self._entities.of(expression, self.index.scope_of(expression))
 
+    def entities_of(self, expression: cst.BaseExpression) -> list[Entity]:
+        """Every entity `expression` may hold where it is used (followed through
+        parameters to the file's call sites), not only the latest."""
+        return self._entities.all_of(expression, self.index.scope_of(expression))
+
+    def bindings_of_reference(self, expression: cst.BaseExpression) -> list[Binding]:
+        """The bindings a name, `self.x` (the assignments in the class's
+        methods) or `args.x` may read where `expression` uses it."""
+        return self._entities._bindings(expression, self.index.scope_of(expression))
+
     def kind_of(self, expression: cst.BaseExpression) -> Optional[str]:
         """"model", "optimizer", ... for a name or a value expression."""
         if isinstance(expression, (cst.Name, cst.Attribute)):
