@@ -86,7 +86,28 @@ def _batch_scale(f: SourceFacts) -> bool:
     )
 
 
+def _modernize(f: SourceFacts) -> bool:
+    """A pre-0.4 idiom can be there: `.data` (`loss.data[0]`), Variable, the
+    old `torch.nn.init` names, or a loss call (its `size_average=`/`reduce=`)."""
+    return (
+        "data" in f.attributes
+        or f.uses(v.VARIABLE)
+        or "Variable" in (f.names | f.attributes)
+        or f.uses_prefix("torch.nn.init.")
+        or any(q.startswith("torch.nn.functional.") or v.is_loss_class(q) for q in f.calls)
+    )
+
+
+def _main_guard(f: SourceFacts) -> bool:
+    """Work that a re-import by a child process must not repeat: a DataLoader,
+    a backward call, or processes started (spawn, Process, Pool)."""
+    starts = {"spawn", "Process", "Pool", "start_processes"}
+    return f.dataloader_calls > 0 or f.backward_calls > 0 or bool(starts & (f.names | f.attributes))
+
+
 RULES: Mapping[str, Rule] = {
+    "main-guard": _main_guard,
+    "modernize": _modernize,
     "workers": _workers,
     "item": _item,
     "empty-cache": _empty_cache,
