@@ -1,7 +1,7 @@
 """`[tool.accelmigrate]` in the nearest pyproject.toml.
 
     [tool.accelmigrate]
-    to = ["workers", "item", "empty-cache"]   # or "workers,item"
+    to = ["modernize", "workers", "item", "empty-cache"]   # or "workers,item"
     exclude = ["legacy/*"]
 
     [tool.accelmigrate.options.workers]      # per-codemod options

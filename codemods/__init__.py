@@ -31,8 +31,9 @@ ORDER = (
     "batch-scale",
 )
 
-# What `apply` does without --to: the rewrites that never change the arithmetic.
-DEFAULT_WORDS = ("workers", "item", "empty-cache")
+# What `apply` does without --to: the rewrites that never change the arithmetic
+# (modernize makes pre-0.4 code run at all on today's torch).
+DEFAULT_WORDS = ("modernize", "workers", "item", "empty-cache")
 
 
 class UnknownCodemod(ValueError):

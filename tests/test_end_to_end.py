@@ -46,4 +46,6 @@ def test_examples_exercise_every_default_codemod():
         path = SCRIPTS / name
         migration = migrate_source(path.read_text(encoding="utf-8"), [(w, {}) for w in DEFAULT_WORDS], str(path))
         fixed |= {f.word for f in migration.findings if f.fixed}
-    assert fixed == set(DEFAULT_WORDS)
+    # modernize rewrites pre-0.4 code, which cannot run before it: its run test
+    # is tests/test_modernize.py (a 2018 script against a hand-modernised copy).
+    assert fixed == set(DEFAULT_WORDS) - {"modernize"}
