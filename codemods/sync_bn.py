@@ -50,23 +50,23 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
 
-from ._base import Codemod, has_star_args, keyword_arg, walk
-from ._scopes import is_plain_reference, is_unbound, spelling_at
+from ._base import has_star_args, keyword_arg
+from ._ddp.common import is_plain_reference
+from ._ddp.queries import ScriptNames
+from .script import vocabulary as v
+from .script.ddp_facts import uses_of
+from .script.ddp_spelling import is_unbound, spelling_at
 
-DISTRIBUTED_DATA_PARALLEL = frozenset(
-    {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
-)
 CONVERT = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm", "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm"})
-TRAINING_SIGNS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.utils.data.DataLoader"})
+TRAINING_SIGNS = v.DATA_PARALLEL | v.DATALOADER
 # Imported names that can spell SyncBatchNorm, from the outermost module in.
 SYNC_BATCH_NORM_PATHS = (("torch", "nn.SyncBatchNorm"), ("torch.nn", "SyncBatchNorm"), ("torch.nn.SyncBatchNorm", ""))
 # DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, init_sync, process_group, ...)
 PROCESS_GROUP_POSITION = 6
 
 
-class SyncBatchNorm(Codemod):
+class SyncBatchNorm(ScriptNames):
     word = "sync-bn"
     summary = "BatchNorm -> SyncBatchNorm before DistributedDataParallel wraps the model"
     requires = ("ddp",)
@@ -78,8 +78,6 @@ class SyncBatchNorm(Codemod):
     }
     # The same as ddp's: this word runs on what ddp wrote, which may be new.
     triggers = ("DataParallel", "DataLoader", "optim")
-
-    METADATA_DEPENDENCIES = (*Codemod.METADATA_DEPENDENCIES, ScopeProvider)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -104,7 +102,7 @@ class SyncBatchNorm(Codemod):
     def visit_Call(self, node: cst.Call) -> None:
         if self._training_sign is None and (self.is_call_to(node, TRAINING_SIGNS) or self._is_optimizer(node)):
             self._training_sign = node
-        if not self.is_call_to(node, DISTRIBUTED_DATA_PARALLEL):
+        if not self.is_call_to(node, v.DISTRIBUTED_DATA_PARALLEL):
             return
         self._wraps.append(node)
         statement, model = self._wrap_statement(node)
@@ -137,7 +135,7 @@ class SyncBatchNorm(Codemod):
             self._add_import_for(spelling)
 
     def _is_optimizer(self, call: cst.Call) -> bool:
-        return any(n.startswith("torch.optim.") and not n.startswith("torch.optim.lr_scheduler.") for n in self.qualified_names(call.func))
+        return any(v.makes_optimizer(n) for n in self.qualified_names(call.func))
 
     def _wrap_statement(self, call: cst.Call) -> tuple[Optional[cst.SimpleStatementLine], str]:
         """`model = DistributedDataParallel(model, ...)` on its own line: (line, "model")."""
@@ -168,13 +166,12 @@ class SyncBatchNorm(Codemod):
 
     def _sync_batch_norm_at(self, call: cst.Call) -> Optional[str]:
         """`torch.nn.SyncBatchNorm`, spelled with a name that reads it where the wrap is."""
-        scope = self.get_metadata(ScopeProvider, call, None)
-        spelled = spelling_at(scope, SYNC_BATCH_NORM_PATHS)
+        spelled = spelling_at(self.script, call, SYNC_BATCH_NORM_PATHS)
         if spelled is not None:
             return spelled
-        if is_unbound(scope, "torch"):
+        if is_unbound(self.script, call, "torch"):
             return "torch.nn.SyncBatchNorm"
-        if is_unbound(scope, "SyncBatchNorm"):
+        if is_unbound(self.script, call, "SyncBatchNorm"):
             return "SyncBatchNorm"
         return None
 
@@ -186,7 +183,7 @@ class SyncBatchNorm(Codemod):
 
     def _converted_already(self) -> bool:
         """The file converts BatchNorm layers itself (before DataParallel, or on a second run)."""
-        return any(isinstance(node, cst.Call) and self.is_call_to(node, CONVERT) for node in walk(self._module))
+        return any(self.is_call_to(call, CONVERT) for call in uses_of(self.script).calls)
 
     # -- inserting ----------------------------------------------------------------
 

@@ -32,13 +32,17 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
+import libcst
 import pytest
 import torch
 import torch.nn as nn
 
 from accelmigrate.codemods import UnknownCodemod
+from accelmigrate.codemods.script.ddp_facts import uses_of
+from accelmigrate.codemods.script.ddp_spelling import is_unbound, reads_import_of, spelling_at
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime import distributed
 
@@ -181,6 +185,93 @@ def test_unknown_option_is_refused_before_anything_runs():
         migrate_source(source, [("ddp", {"value": "sideways"})])
 
 
+# -- the facts ddp and sync-bn read from the script model ------------------------------
+
+
+def _model_of(source: str):
+    from accelmigrate.codemods.script import ScriptModel
+
+    return ScriptModel.of(libcst.parse_module(textwrap.dedent(source)))
+
+
+def _lines(model, nodes) -> list[int]:
+    return [model.line(node) for node in nodes]
+
+
+def test_reads_of_a_binding_follow_python_scoping():
+    model = _model_of(
+        """\
+        model = Net()
+        def train(loader):
+            for x in loader:
+                model(x).sum().backward()
+        def other():
+            model = Net()
+            return model
+        print(model.fc, dict(model=1), [model for _ in range(2)])
+        """
+    )
+    uses = uses_of(model)
+    # not the local `model` of other(), the attribute `.fc`, nor the keyword `model=`
+    assert _lines(model, uses.reads("model", model.module_scope)) == [4, 8, 8]
+    (local,) = model.function("other").scope.bindings["model"]
+    assert _lines(model, uses.reads("model", local.scope)) == [7]
+
+
+def test_trains_follows_the_files_own_functions_three_calls_deep():
+    model = _model_of(
+        """\
+        def backward_of(loss):
+            loss.backward()
+        def one(loss):
+            backward_of(loss)
+        def two(loss):
+            one(loss)
+        def three(loss):
+            two(loss)
+        for loss in losses:
+            two(loss)
+        for loss in losses:
+            three(loss)
+        for loss in losses:
+            print(loss)
+        """
+    )
+    uses = uses_of(model)
+    two_deep, too_deep, no_training = (s for s in model.module.body if isinstance(s, libcst.For))
+    assert [uses.trains(loop.body) for loop in (two_deep, too_deep, no_training)] == [True, False, False]
+    assert uses_of(model) is uses  # built once per model
+
+
+def test_generated_names_are_spelled_with_what_reads_the_module_there():
+    model = _model_of(
+        """\
+        import os
+        import torch.nn as nn
+        def shadowed():
+            torch = nn.Linear(2, 2)
+            os = "somewhere"
+            return DistributedDataParallel(torch)
+        wrapped = DistributedDataParallel(nn.Linear(2, 2))
+        """
+    )
+    inside, outside = (c for c in uses_of(model).calls if isinstance(c.func, libcst.Name) and c.func.value == "DistributedDataParallel")
+    paths = (("torch", "nn.SyncBatchNorm"), ("torch.nn", "SyncBatchNorm"))
+    assert spelling_at(model, inside, paths) == "nn.SyncBatchNorm" == spelling_at(model, outside, paths)
+    assert (reads_import_of(model, outside, "os", "os"), reads_import_of(model, inside, "os", "os")) == (True, False)
+    assert (is_unbound(model, outside, "torch"), is_unbound(model, inside, "torch")) == (True, False)
+
+
+def test_ddp_and_sync_bn_ask_the_model_not_libcsts_scope_analysis():
+    # LibCST's scopes cost more than linear time in the file's size; the model's are one walk.
+    from libcst.metadata import ScopeProvider
+
+    from accelmigrate.codemods import all_codemods
+
+    for word in ("ddp", "sync-bn"):
+        assert ScopeProvider not in all_codemods()[word].get_inherited_dependencies()
+
+
 # -- launches -------------------------------------------------------------------------
 
 
@@ -246,7 +337,9 @@ def runs(tmp_path_factory):
         return [python, str(RANK_WEIGHTS), str(folders[name]), str(script), *args]
 
     def watched_on_two(name: str, script: Path, *args: str) -> list[str]:
-        return [*two, str(RANK_WEIGHTS), "--", str(folders[name]), str(script), *args]
+        # The watcher starts the migrated script itself, so the launcher cannot
+        # see the process group that script joins: --force.
+        return [*two, "--force", str(RANK_WEIGHTS), "--", str(folders[name]), str(script), *args]
 
     launches = {
         "original": Launch(work, "original", watched("original", SCRIPTS / "dp_parity.py", "--out", str(folders["original"]), "--epochs", str(EPOCHS)), env, work),

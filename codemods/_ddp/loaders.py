@@ -1,0 +1,310 @@
+"""The training DataLoaders of the ddp codemod: each gets a
+SeededDistributedSampler and a per-process batch size, its epoch loop a
+`sampler.set_epoch(epoch)`; with `ddp=per-process`, the optimizers' learning
+rates are scaled by the world size instead.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from .._base import append_keyword_args, has_star_args, keyword_arg, walk
+from ..script import vocabulary as v
+from ..script.ddp_facts import FOLLOW_DEPTH
+from .common import (
+    RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
+)
+from .queries import ScriptQueries
+
+RUNTIME_SAMPLER = frozenset({f"{RUNTIME}.SeededDistributedSampler"})
+LR_SCHEDULERS_WITH_LR = frozenset(
+    {"torch.optim.lr_scheduler.OneCycleLR", "torch.optim.lr_scheduler.CyclicLR"}
+)
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+class LoaderSharding(ScriptQueries):
+    """Plans the samplers, set_epoch calls and learning rates."""
+
+    def _plan_loaders(self) -> None:
+        for call in self._calls_to(v.DATALOADER):
+            self._plan_loader(call)
+        if not self._training_loaders and not self._calls_to(v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
+            self.report(
+                self._uses.backward_calls[0], "AM521",
+                "no training DataLoader found to give a DistributedSampler: every rank trains on the same batches "
+                "(correct, but no faster than one process); give each rank its share of the data by hand "
+                "(`global_rank()` of `world_size()`)",
+            )
+
+    def _plan_loader(self, call: cst.Call) -> None:
+        sampler = keyword_arg(call, "sampler")
+        if sampler is not None and isinstance(sampler.value, cst.Call) and self.is_call_to(sampler.value, v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
+            self._plan_set_epoch_for(call)  # migrated before
+            return
+        loops = self._batch_loops(call)
+        training = [loop for loop in loops if self._uses.trains(loop_body(loop[0]))]
+        if loops and not training:
+            self.report(
+                call, "AM524",
+                "evaluation DataLoader left whole: every rank evaluates the full set, so rank 0 prints what one "
+                "process would; to split that work instead, give it `DistributedSampler(dataset, shuffle=False)` and "
+                "combine sums and counts with `mean_across_ranks(total, count)`, minding the samples the sampler "
+                "repeats to even out the ranks",
+            )
+            return
+        if not loops:
+            self.report(
+                call, "AM521",
+                "cannot see where this DataLoader is iterated: if it feeds training, give it "
+                "`sampler=SeededDistributedSampler(dataset, shuffle=...)` instead of `shuffle=`, pass its batch size "
+                "through `per_process_batch_size()` and call `loader.sampler.set_epoch(epoch)` at the top of each epoch",
+            )
+            return
+        self._training_loaders.append(call)
+        try:
+            self._plan_training_loader(call)
+        except CannotMigrate as problem:
+            self.report(problem.node, problem.code, problem.message)
+            return
+        for loop, expression, path in training:
+            try:
+                self._plan_set_epoch(loop, expression, path)
+            except CannotMigrate as problem:
+                self.report(problem.node, problem.code, problem.message)
+
+    def _plan_training_loader(self, call: cst.Call) -> None:
+        if has_star_args(call):
+            raise CannotMigrate(
+                call, "AM523",
+                "training DataLoader with `*args`/`**kwargs`: pass `sampler=SeededDistributedSampler(dataset, shuffle=...)` "
+                "instead of `shuffle=`, and the batch size through `per_process_batch_size()`, by hand",
+            )
+        for name in ("sampler", "batch_sampler"):
+            if keyword_arg(call, name) is not None:
+                raise CannotMigrate(
+                    call, "AM522",
+                    f"training DataLoader with its own `{name}=`: it must give each rank a different share of "
+                    f"the data (see DistributedSampler), or every rank trains on the same samples",
+                )
+        positional = [a for a in call.args if a.keyword is None]
+        if len(positional) > 2:
+            raise CannotMigrate(call, "AM523", "DataLoader with more than two positional arguments: name them, then run ddp again")
+        dataset = positional[0] if positional else keyword_arg(call, "dataset")
+        batch = positional[1] if len(positional) > 1 else keyword_arg(call, "batch_size")
+        if dataset is None or batch is None or is_none(batch.value):
+            raise CannotMigrate(
+                call, "AM523",
+                "training DataLoader without a visible batch size: give it `batch_size=`, then run ddp again",
+            )
+        line, assign, _ = self._loader_assignment(call)
+        shuffle = keyword_arg(call, "shuffle")
+        shuffle_code = self._code(shuffle.value) if shuffle is not None else "False"
+        hoisted = None
+        dataset_code = self._code(dataset.value)
+        if not is_plain_reference(dataset.value):
+            hoisted = self._fresh_name(dataset_name_for(assign.targets[0].target))
+            dataset_code = hoisted
+        sampler_code = f"SeededDistributedSampler({dataset_code}, shuffle={shuffle_code}{self._sampler_generator(call)})"
+        batch_code = self._code(batch.value)
+        if self.per_process:
+            message = (
+                f"`SeededDistributedSampler(shuffle={shuffle_code})` instead of `shuffle=`; batch size `{batch_code}` kept per "
+                f"process (ddp=per-process): the global batch is now `{batch_code}` x world size, with fewer steps per epoch"
+            )
+        else:
+            message = (
+                f"`SeededDistributedSampler(shuffle={shuffle_code})` instead of `shuffle=`, the same order in a world of "
+                f"one; batch size `{batch_code}` split "
+                f"across the processes: the global batch and the steps per epoch stay as they were"
+            )
+
+        def apply() -> None:
+            self._use("SeededDistributedSampler")
+            if not self.per_process:
+                self._use("per_process_batch_size")
+            if hoisted is not None:
+                statement = cst.parse_statement(f"{hoisted} = {self._code(dataset.value)}{self._module.default_newline}", config=self._config)
+                self._before.setdefault(line, []).append(Insertion(statement, take_leading="all"))
+            self._edits[call] = lambda updated: self._rewrite_loader(updated, sampler_code, hoisted)
+
+        self._step(call, "AM504", message, apply)
+
+    def _sampler_generator(self, call: cst.Call) -> str:
+        """`, generator=g` when the DataLoader shuffles with its own generator:
+        the sampler must draw from that same generator object."""
+        generator = keyword_arg(call, "generator")
+        if generator is None or is_none(generator.value):
+            return ""
+        if not is_plain_reference(generator.value):
+            raise CannotMigrate(
+                call, "AM523",
+                "training DataLoader whose `generator=` is not a plain name: bind the generator to a name and pass "
+                "that, then run ddp again (the sampler must shuffle with the same generator)",
+            )
+        return f", generator={self._code(generator.value)}"
+
+    def _rewrite_loader(self, call: cst.Call, sampler_code: str, hoisted: Optional[str]) -> cst.Call:
+        sampler = cst.parse_expression(sampler_code, config=self._config)
+        args = list(call.args)
+        positional = [i for i, a in enumerate(args) if a.keyword is None]
+        dataset_index = positional[0] if positional else next(i for i, a in enumerate(args) if keyword_of(a) == "dataset")
+        batch_index = positional[1] if len(positional) > 1 else next(i for i, a in enumerate(args) if keyword_of(a) == "batch_size")
+        if hoisted is not None:
+            args[dataset_index] = args[dataset_index].with_changes(value=cst.Name(hoisted))
+        if not self.per_process:
+            args[batch_index] = args[batch_index].with_changes(value=call_of("per_process_batch_size", args[batch_index].value))
+        shuffle_index = next((i for i, a in enumerate(args) if keyword_of(a) == "shuffle"), None)
+        if shuffle_index is not None:
+            args[shuffle_index] = args[shuffle_index].with_changes(keyword=cst.Name("sampler"), value=sampler)
+            return call.with_changes(args=args)
+        return append_keyword_args(call.with_changes(args=args), [("sampler", sampler)])
+
+    def _loader_assignment(self, call: cst.Call) -> tuple[cst.SimpleStatementLine, cst.Assign, Var]:
+        assign = self.parent(call)
+        line = self.parent(assign)
+        var = self._target_var(assign.targets[0].target) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+        if (
+            var is None
+            or assign.value is not call
+            or not isinstance(line, cst.SimpleStatementLine)
+            or not isinstance(self.parent(line), (cst.IndentedBlock, cst.Module))
+        ):
+            raise CannotMigrate(
+                call, "AM523",
+                "training DataLoader not assigned to a name on its own line: bind it (`train_loader = DataLoader(...)`), "
+                "then run ddp again",
+            )
+        return line, assign, var
+
+    def _batch_loops(self, call: cst.Call) -> list[tuple[cst.For, cst.CSTNode, list[tuple[cst.Call, cst.CSTNode]]]]:
+        """The `for` loops that iterate this DataLoader, directly or in the
+        script's own functions it is passed to: (loop, the loader's expression
+        there, the calls that led there with the argument passed)."""
+        parent = self.parent(call)
+        if isinstance(parent, cst.Assign) and parent.value is call and len(parent.targets) == 1:
+            var = self._target_var(parent.targets[0].target)
+            if var is None:
+                return []
+            return [
+                (loop, reference, path)
+                for reference, path in self._followed_references(var)
+                for loop in [self._loop_iterating(reference)]
+                if loop is not None
+            ]
+        loop = self._loop_iterating(call)
+        return [(loop, call, [])] if loop is not None else []
+
+    def _loop_iterating(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The `for` statement or comprehension whose iterable holds `node`."""
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.BaseSuite)):
+                return None
+            if isinstance(ancestor, cst.For):
+                return ancestor if child is ancestor.iter else None
+            if isinstance(ancestor, cst.CompFor):
+                if child is not ancestor.iter:
+                    return None
+                return next(a for a in self.ancestors(ancestor) if isinstance(a, COMPREHENSIONS))
+            child = ancestor
+        return None
+
+    def _plan_set_epoch_for(self, call: cst.Call) -> None:
+        for loop, expression, path in self._batch_loops(call):
+            if self._uses.trains(loop_body(loop)):
+                try:
+                    self._plan_set_epoch(loop, expression, path)
+                except CannotMigrate as problem:
+                    self.report(problem.node, problem.code, problem.message)
+
+    def _plan_set_epoch(self, batch_loop: cst.For, expression: cst.CSTNode, path: list) -> None:
+        found = self._epoch_loop(batch_loop, expression, list(path), 0)
+        if found is None:
+            return  # one pass over the data: nothing to reshuffle
+        epoch_loop, loader = found
+        if not isinstance(epoch_loop, cst.For) or not isinstance(epoch_loop.target, cst.Name) or epoch_loop.target.value == "_":
+            raise CannotMigrate(
+                header(epoch_loop), "AM521",
+                f"epoch loop without a plain epoch variable: call `{self._code(loader)}.sampler.set_epoch(epoch)` "
+                f"at the top of each epoch by hand, or every epoch sees the same order",
+            )
+        if not isinstance(epoch_loop.body, cst.IndentedBlock):
+            raise CannotMigrate(header(epoch_loop), "AM521", "one-line epoch loop: call `loader.sampler.set_epoch(epoch)` at the top of each epoch by hand")
+        if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "set_epoch" for n in walk(epoch_loop.body)):
+            return
+        if not is_plain_reference(loader):
+            raise CannotMigrate(header(epoch_loop), "AM521", "the training DataLoader has no plain name in the epoch loop: call `loader.sampler.set_epoch(epoch)` by hand")
+        key = (epoch_loop, self._code(loader))
+        if key in self._set_epoch_planned:
+            return
+        self._set_epoch_planned.add(key)
+        first = epoch_loop.body.body[0]
+        code = f"{self._code(loader)}.sampler.set_epoch({epoch_loop.target.value}){self._module.default_newline}"
+        statement = cst.parse_statement(code, config=self._config)
+
+        def apply() -> None:
+            self._before.setdefault(first, []).append(Insertion(statement))
+
+        self._step(epoch_loop.target, "AM505", f"`{code.strip()}` at the top of the epoch loop: a new order every epoch, the same on every rank", apply)
+
+    def _epoch_loop(self, node: cst.CSTNode, loader: cst.CSTNode, path: list, depth: int) -> Optional[tuple[cst.CSTNode, cst.CSTNode]]:
+        """The loop around `node` (the loop over the data, or a call that leads
+        to it) and the loader's expression there."""
+        outer = self.innermost_loop(node)
+        if outer is not None:
+            return outer, loader
+        if path:
+            call, argument = path.pop()
+            return self._epoch_loop(call, argument, path, depth)
+        function = next((a for a in self.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+        if function is None or depth >= FOLLOW_DEPTH or not is_plain_reference(loader):
+            return None
+        sites = self.script.flow.functions[function].callers
+        if len(sites) != 1:
+            return None
+        return self._epoch_loop(sites[0].call, loader, [], depth + 1)
+
+    def _plan_learning_rates(self) -> None:
+        if not self.per_process:
+            return
+        for optimizer in self._optimizer_calls():
+            lr = keyword_arg(optimizer, "lr")
+            positional = [a for a in optimizer.args if a.keyword is None]
+            if lr is None and len(positional) > 1:
+                lr = positional[1]
+            if lr is None:
+                self.report(
+                    optimizer, "AM529",
+                    "optimizer on its default learning rate: the global batch grows with the world size, so pass "
+                    "`lr=<default> * world_size()` by hand",
+                )
+                continue
+            if any(isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.world_size"}) for n in walk(lr.value)):
+                continue
+            self._plan_scaled_lr(optimizer, lr)
+        for scheduler in self._calls_to(LR_SCHEDULERS_WITH_LR):
+            self.report(
+                scheduler, "AM529",
+                "this scheduler sets its own learning rates: multiply them by world_size() by hand, as the optimizers' were",
+            )
+
+    def _plan_scaled_lr(self, optimizer: cst.Call, lr: cst.Arg) -> None:
+        def scale(updated: cst.Arg) -> cst.Arg:
+            value = updated.value
+            if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) and not value.lpar:
+                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            return updated.with_changes(value=cst.BinaryOperation(value, cst.Multiply(), call_of("world_size")))
+
+        def apply() -> None:
+            self._use("world_size")
+            self._edits[lr] = scale
+
+        self._step(
+            lr, "AM510",
+            f"learning rate `{self._code(lr.value)}` x `world_size()`: per-process batches make the global batch "
+            f"world-size times larger (linear scaling rule; consider a warm-up)",
+            apply,
+        )

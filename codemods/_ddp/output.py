@@ -1,0 +1,333 @@
+"""Output on rank 0 only: printing, logging and file writes go under
+`if is_main_process():`, tqdm bars are hidden on the other ranks, and a
+`barrier()` comes before every rank reads (or rank 0 removes) a file that
+rank 0 wrote above.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from .._base import append_keyword_args, has_star_args, is_main_guard, keyword_arg, walk
+from ..script import vocabulary as v
+from .common import RUNTIME, Insertion, Var
+from .queries import ScriptQueries
+
+TQDM = frozenset(
+    {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.", "rich.") for name in ("tqdm", "trange")}
+)
+PRINT_LIKE = frozenset(
+    {"builtins.print", "pprint.pprint", *(f"{name}.write" for name in TQDM if name.endswith(".tqdm"))}
+)
+LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
+LOGGING_CALLS = frozenset(f"logging.{level}" for level in LOG_LEVELS)
+FILE_WRITES = frozenset(
+    {
+        "torch.save",
+        "numpy.save",
+        "numpy.savez",
+        "numpy.savez_compressed",
+        "numpy.savetxt",
+        "json.dump",
+        "pickle.dump",
+        "yaml.dump",
+        "yaml.safe_dump",
+        "matplotlib.pyplot.savefig",
+    }
+)
+OPEN = frozenset({"builtins.open", "io.open"})
+SUMMARY_WRITERS = frozenset(
+    {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
+)
+# Where each call names its file: (keyword, position among the positional arguments).
+WRITTEN_PATH = {
+    "torch.save": ("f", 1),
+    "numpy.save": ("file", 0),
+    "numpy.savez": ("file", 0),
+    "numpy.savez_compressed": ("file", 0),
+    "numpy.savetxt": ("fname", 0),
+    "matplotlib.pyplot.savefig": ("fname", 0),
+}
+READ_PATH = {"torch.load": ("f", 0), "numpy.load": ("file", 0), "builtins.open": ("file", 0), "io.open": ("file", 0)}
+REMOVED_PATH = {"os.remove": ("path", 0), "os.unlink": ("path", 0)}
+
+
+class RankZeroOutput(ScriptQueries):
+    """Plans the rank-0 guards, hidden bars and barriers."""
+
+    def _plan_rank_zero_output(self, model: Optional[Var]) -> None:
+        loggers = self._logger_references()
+        # Where the model is called under any name: its forward may broadcast buffers.
+        self._model_references = {r for r, _ in self._followed_references(model)} if model is not None else set()
+        rank_zero_writes: list[cst.CSTNode] = []
+        for node in self._uses.calls:
+            if self.is_call_to(node, TQDM):
+                self._plan_tqdm(node)
+            elif _downloads(node):
+                self.report(
+                    node, "AM528",
+                    "`download=True` runs on every rank at once, into the same folder: download the data once "
+                    "before launching (or on rank 0, then `barrier()` on every rank before the others read it)",
+                )
+            elif self.is_call_to(node, SUMMARY_WRITERS):
+                self.report(
+                    node, "AM528",
+                    "every rank would write the same TensorBoard events: create the writer with "
+                    "`SummaryWriter(...) if is_main_process() else None` and log through it on rank 0 only",
+                )
+        for statement in self._statements_with_called_output():
+            kind = self._output_kind(statement, loggers)
+            if kind is not None and self._plan_guard(statement, kind) and kind == "a file write":
+                rank_zero_writes.append(statement)
+        if rank_zero_writes:
+            self._plan_reads_after_writes(rank_zero_writes)
+
+    def _statements_with_called_output(self) -> list[cst.CSTNode]:
+        """The statements that may print, log or write, in source order: a line
+        with a call as a statement of its own, a `with` that opens something."""
+        found: dict[cst.CSTNode, int] = {}
+        order = self.script.index.order
+        for call in self._uses.calls:
+            parent = self.parent(call)
+            if isinstance(parent, cst.Expr) and parent.value is call:
+                line = self.parent(parent)
+                found[line] = order[line.body[0]]
+            elif isinstance(parent, cst.WithItem) and parent.item is call:
+                statement = self.parent(parent)
+                found[statement] = order[statement]
+        return sorted(found, key=found.__getitem__)
+
+    def _plan_tqdm(self, call: cst.Call) -> None:
+        if has_star_args(call):
+            self.report(call, "AM507", "tqdm with `**kwargs`: pass `disable=not is_main_process()` by hand")
+            return
+        disable = keyword_arg(call, "disable")
+        if disable is not None and any(
+            isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.is_main_process"}) for n in walk(disable.value)
+        ):
+            return
+
+        def rewrite(updated: cst.Call) -> cst.Call:
+            hidden = cst.parse_expression("not is_main_process()")
+            old = keyword_arg(updated, "disable")
+            if old is None:
+                return append_keyword_args(updated, [("disable", hidden)])
+            value = old.value if not isinstance(old.value, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) else old.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            combined = cst.BooleanOperation(value, cst.Or(), hidden)
+            return updated.with_changes(args=[a.with_changes(value=combined) if a is old else a for a in updated.args])
+
+        def apply() -> None:
+            self._use("is_main_process")
+            self._edits[call] = rewrite
+
+        self._step(call, "AM507", "tqdm bar on rank 0 only: `disable=not is_main_process()`", apply)
+
+    def _output_kind(self, statement: cst.CSTNode, loggers: set[cst.CSTNode]) -> Optional[str]:
+        if isinstance(statement, cst.With):
+            for item in statement.items:
+                if isinstance(item.item, cst.Call) and self.is_call_to(item.item, OPEN) and _opens_for_writing(item.item):
+                    return "a file write"
+            return None
+        calls = [s.value for s in statement.body if isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)]
+        for call in calls:
+            if self.is_call_to(call, PRINT_LIKE):
+                return "printing"
+            if self.is_call_to(call, LOGGING_CALLS) or (
+                isinstance(call.func, cst.Attribute) and call.func.attr.value in LOG_LEVELS and call.func.value in loggers
+            ):
+                return "logging"
+            if self.is_call_to(call, FILE_WRITES):
+                return "a file write"
+        return None
+
+    def _is_output_statement(self, statement: cst.CSTNode) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        return all(
+            isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and self.is_call_to(s.value, PRINT_LIKE | LOGGING_CALLS)
+            for s in statement.body
+        )
+
+    def _logger_references(self) -> set[cst.CSTNode]:
+        """Names bound to `logging.getLogger(...)` at module level, where used."""
+        found: set[cst.CSTNode] = set()
+        for statement in self._module.body:
+            if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+                small = statement.body[0]
+                if (
+                    isinstance(small, cst.Assign)
+                    and len(small.targets) == 1
+                    and isinstance(small.targets[0].target, cst.Name)
+                    and isinstance(small.value, cst.Call)
+                    and self.is_call_to(small.value, {"logging.getLogger"})
+                ):
+                    var = self._target_var(small.targets[0].target)
+                    found.update(reference for reference in self._references(var))
+        return found
+
+    def _plan_guard(self, statement: cst.CSTNode, kind: str) -> bool:
+        if self._guarded_already(statement):
+            return False
+        problem = None
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) != 1:
+            problem = f"{kind} shares its line with other statements: put it on its own line, then run ddp again"
+        elif isinstance(statement, cst.SimpleStatementSuite) or not isinstance(self.parent(statement), (cst.IndentedBlock, cst.Module)):
+            problem = f"{kind} in a one-line block: put it on its own line, then run ddp again"
+        else:
+            communicating = self._may_communicate(statement)
+            if communicating is not None:
+                problem = (
+                    f"{kind} that calls `{communicating}`, which may take part in collectives on every rank: compute "
+                    f"that value on every rank first, then do the output under `if is_main_process():`"
+                )
+        if problem is not None:
+            self.report(statement, "AM525", problem)
+            return False
+
+        self._guard_planned.add(statement)
+
+        def apply() -> None:
+            self._use("is_main_process")
+            self._guarded.add(statement)
+
+        self._step(statement, "AM506", f"{kind} under `if is_main_process():`, on rank 0 only", apply)
+        return True
+
+    def _guarded_already(self, node: cst.CSTNode) -> bool:
+        for ancestor in self.ancestors(node):
+            if ancestor in self._guard_planned:
+                return True
+            if isinstance(ancestor, cst.If) and any(
+                isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.is_main_process", "accelmigrate.runtime.env.is_main_process"})
+                for n in walk(ancestor.test)
+            ):
+                return True
+        return False
+
+    def _may_communicate(self, statement: cst.CSTNode) -> Optional[str]:
+        """The first call in `statement` that might run a collective: the script's
+        own functions, torch.distributed, or the model's forward."""
+        for node in walk(statement):
+            if not isinstance(node, cst.Call):
+                continue
+            names = self.qualified_names(node.func)
+            if any(n.startswith(("torch.distributed.", f"{RUNTIME}.sum", f"{RUNTIME}.mean", f"{RUNTIME}.barrier")) for n in names):
+                return self._code(node.func)
+            if self._calls_own_function(node):
+                return self._code(node.func)
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "forward":
+                func = func.value
+            if func in self._model_references:
+                return self._code(node.func)
+        return None
+
+    def _plan_reads_after_writes(self, writes: list[cst.CSTNode]) -> None:
+        """Every rank that reads (or removes) a file rank 0 writes earlier in the
+        same function waits for it at a `barrier()` first; removal is rank 0's
+        alone, once every rank has read it."""
+        written = [(w, self._code(path)) for w in writes for path in [self._written_path(w)] if path is not None]
+        for node in self._uses.calls:
+            removal = self.is_call_to(node, REMOVED_PATH)
+            path = self._path_argument(node, REMOVED_PATH if removal else READ_PATH)
+            if path is None or (not removal and self.is_call_to(node, OPEN) and _opens_for_writing(node)):
+                continue
+            if not any(code == self._code(path) and self._comes_before_in_same_function(w, node) for w, code in written):
+                if self.is_call_to(node, v.TORCH_LOAD):
+                    self.report(
+                        node, "AM528",
+                        "rank 0 alone writes checkpoints now: if this reads one written during this run, call "
+                        "`barrier()` (accelmigrate.runtime.distributed) on every rank between the save and the load",
+                    )
+                continue
+            self._plan_barrier_before(node, removal)
+
+    def _written_path(self, write: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        if isinstance(write, cst.With):
+            opened = next(
+                i.item for i in write.items
+                if isinstance(i.item, cst.Call) and self.is_call_to(i.item, OPEN) and _opens_for_writing(i.item)
+            )
+            return self._path_argument(opened, READ_PATH)
+        call = write.body[0].value if isinstance(write.body[0], cst.Expr) else None
+        return self._path_argument(call, WRITTEN_PATH) if isinstance(call, cst.Call) else None
+
+    def _path_argument(self, call: cst.Call, where: dict) -> Optional[cst.BaseExpression]:
+        """The file `call` names, when it is one of `where`'s functions."""
+        name = next((n for n in self.qualified_names(call.func) if n in where), None)
+        if name is None or has_star_args(call):
+            return None
+        keyword, position = where[name]
+        positional = [a for a in call.args if a.keyword is None]
+        given = keyword_arg(call, keyword) or (positional[position] if len(positional) > position else None)
+        return given.value if given is not None else None
+
+    def _comes_before_in_same_function(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        def function(node: cst.CSTNode) -> Optional[cst.CSTNode]:
+            return next((a for a in self.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+
+        return function(first) is function(second) and self._position(first, end=True) <= self._position(second)
+
+    def _plan_barrier_before(self, call: cst.Call, removal: bool) -> None:
+        what = "removes" if removal else "reads"
+        statement, _ = self._block_statement(call)
+        if statement is None or not self._runs_alike_on_every_rank(statement) or any(
+            self._clashes(n) for n in self._uses.names.get("barrier", ())
+        ):
+            self.report(
+                call, "AM528",
+                f"every rank {what} a file that rank 0 alone writes earlier: call `barrier()` "
+                f"(accelmigrate.runtime.distributed) on every rank between the write and this line"
+                + (", and remove the file on rank 0 only (after a `barrier()` that follows every read)" if removal else ""),
+            )
+            return
+        if removal and not self._plan_guard(statement, "removing a file rank 0 wrote"):
+            return
+        if statement in self._barrier_planned:
+            return
+        self._barrier_planned.add(statement)
+
+        def apply() -> None:
+            self._use("barrier")
+            barrier = cst.parse_statement(f"barrier(){self._module.default_newline}", config=self._config)
+            self._before.setdefault(statement, []).append(Insertion(barrier, take_leading="all"))
+
+        if removal:
+            message = "`barrier()` before rank 0 removes the file it wrote above: every rank has read it by then"
+        else:
+            message = "`barrier()` before every rank reads the file rank 0 writes above: it is written by then"
+        self._step(call, "AM528", message, apply)
+
+    def _runs_alike_on_every_rank(self, statement: cst.CSTNode) -> bool:
+        """Does every rank reach `statement` as often as the others? Provably when
+        nothing between it and its function branches: only `for` and `with`
+        bodies (a DistributedSampler gives every rank as many batches), or the
+        `__main__` block."""
+        child = statement
+        for ancestor in self.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Module)):
+                return True
+            if isinstance(ancestor, cst.If) and is_main_guard(ancestor.test) and child is ancestor.body:
+                pass
+            elif isinstance(ancestor, cst.For) and child is not ancestor.body:
+                return False
+            elif not isinstance(ancestor, (cst.IndentedBlock, cst.For, cst.With)):
+                return False
+            child = ancestor
+        return True
+
+
+def _downloads(call: cst.Call) -> bool:
+    """`datasets.MNIST(..., download=True)`."""
+    download = keyword_arg(call, "download")
+    return download is not None and isinstance(download.value, cst.Name) and download.value.value == "True"
+
+
+def _opens_for_writing(call: cst.Call) -> bool:
+    positional = [a for a in call.args if a.keyword is None]
+    mode = keyword_arg(call, "mode") or (positional[1] if len(positional) > 1 else None)
+    if mode is None or not isinstance(mode.value, cst.SimpleString):
+        return False
+    return any(flag in mode.value.evaluated_value for flag in "wax+")

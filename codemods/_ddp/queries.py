@@ -1,0 +1,197 @@
+"""What the ddp codemod asks about the script, answered from the shared model:
+qualified names and parents, the variable a name or `self.<name>` is, where a
+variable is read (followed into the script's own functions it is passed to),
+which calls train, which build optimizers.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from .._base import Codemod, dotted_name
+from ..script import vocabulary as v
+from ..script.ddp_facts import FOLLOW_DEPTH
+from ..script.flow import CallSite, Function
+from .common import Var, last_name
+
+
+class ScriptNames(Codemod):
+    """Names and parents from the shared model rather than LibCST's metadata
+    (also for sync-bn, which runs on what ddp wrote)."""
+
+    def qualified_names(self, node: cst.CSTNode) -> frozenset:
+        return self.script.qualified_names(node)
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.script.parent(node)
+
+
+class ScriptQueries(ScriptNames):
+    """Questions about the script being migrated, for the parts of ddp."""
+
+    def _target_var(self, target: cst.BaseExpression) -> Optional[Var]:
+        if isinstance(target, cst.Name):
+            index = self.script.index
+            scope = index.scope_of(target)
+            return Var(target.value, index.home_of(target.value, scope) or scope)
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            owner = next((a for a in self.ancestors(target) if isinstance(a, cst.ClassDef)), None)
+            return Var(target.attr.value, owner, is_attribute=True) if owner is not None else None
+        return None
+
+    def _var_of(self, expression: cst.CSTNode) -> Optional[Var]:
+        """The variable an expression reads, when it is a name or `self.<name>`."""
+        if isinstance(expression, cst.Name):
+            index = self.script.index
+            home = index.home_of(expression.value, index.scope_of(expression))
+            return Var(expression.value, home) if home is not None else None
+        if isinstance(expression, cst.Attribute):
+            return self._target_var(expression)
+        return None
+
+    def _root_var(self, expression: cst.CSTNode) -> Optional[Var]:
+        """`model.fc` -> model; `self.net.encoder` -> self.net."""
+        while isinstance(expression, cst.Attribute):
+            var = self._var_of(expression)
+            if var is not None:
+                return var
+            expression = expression.value
+        return self._var_of(expression) if isinstance(expression, cst.Name) else None
+
+    def _references(self, var: Var) -> list[cst.CSTNode]:
+        """Where the variable is read."""
+        if var.is_attribute:
+            return self._uses.self_attribute_reads(var.owner, var.name)
+        return self._uses.reads(var.name, var.owner)
+
+    def _bindings_of_var(self, var: Var) -> list:
+        if not var.is_attribute:
+            return var.owner.bindings.get(var.name, [])
+        spelled = f"self.{var.name}"
+        return [
+            b for scope in self.script.scopes for b in scope.bindings.get(spelled, ())
+            if self._target_var(b.node) == var
+        ]
+
+    def _is_plain_assignment(self, binding) -> bool:
+        """`target = value` alone on its line."""
+        statement = binding.statement
+        line = self.parent(statement)
+        return (
+            isinstance(statement, cst.Assign)
+            and len(statement.targets) == 1
+            and statement.targets[0].target is binding.node
+            and isinstance(line, cst.SimpleStatementLine)
+            and len(line.body) == 1
+        )
+
+    def _assigned_values(self, name: cst.Name) -> list[cst.BaseExpression]:
+        """The values of the plain assignments (`name = value`) that `name` may read."""
+        return [
+            b.value for b in self.script.bindings_of(name.value, name)
+            if b.kind == "assign" and isinstance(b.statement, cst.Assign) and b.value is not None
+        ]
+
+    def _followed_references(self, var: Var, depth: int = 0, path: tuple = ()) -> Iterator[tuple[cst.CSTNode, list]]:
+        """References to `var`, and to the parameters of the script's own
+        functions it is passed to: (reference, [(call, argument), ...])."""
+        for reference in self._references(var):
+            yield reference, list(path)
+            if depth >= FOLLOW_DEPTH:
+                continue
+            argument = self.parent(reference)
+            call = self.parent(argument) if isinstance(argument, cst.Arg) else None
+            if not isinstance(call, cst.Call) or argument.value is not reference or argument.star:
+                continue
+            function, site = self._call_site(call)
+            parameter = next((p for p, passed in site.arguments.items() if passed is reference), None) if site else None
+            if parameter is None:
+                continue
+            inner = Var(parameter, function.scope)
+            yield from self._followed_references(inner, depth + 1, path + ((call, reference),))
+
+    def _call_site(self, call: cst.Call) -> tuple[Optional[Function], Optional[CallSite]]:
+        """For a call of one of the script's own functions (or methods, or a
+        class's `__init__`): that function, and the call with what it passes to
+        each parameter."""
+        found = self.script.flow.callee(call, self.script.scope_of(call))
+        if found is None:
+            return None, None
+        return found[0], next((site for site in found[0].callers if site.call is call), None)
+
+    def _calls_own_function(self, call: cst.Call) -> bool:
+        """Does the call run one of the script's own functions (or methods, or a class's `__init__`)?"""
+        return self.script.flow.callee(call, self.script.scope_of(call)) is not None
+
+    def _parameter_of(self, var: Var) -> Optional[cst.Param]:
+        """The parameter `var` is, when its function never rebinds it."""
+        if var.is_attribute or var.owner.kind != "function":
+            return None
+        bindings = var.owner.bindings.get(var.name, ())
+        return bindings[0].node if len(bindings) == 1 and bindings[0].kind == "param" else None
+
+    def _caller_binding(self, parameter: Var) -> Optional[tuple[Var, cst.Call]]:
+        """For a parameter of the script's own function, called from one place:
+        the variable passed for it there, and that call."""
+        if self._parameter_of(parameter) is None:
+            return None
+        sites = self.script.flow.functions[parameter.owner.node].callers
+        if len(sites) != 1:
+            return None
+        passed = sites[0].arguments.get(parameter.name)
+        outer = self._var_of(passed) if passed is not None else None
+        return (outer, sites[0].call) if outer is not None else None
+
+    def _optimizer_calls(self) -> list[cst.Call]:
+        """Calls of an optimizer's class (not a factory: its arguments are not an optimizer's)."""
+        return [
+            call for call in self._uses.calls
+            if any(v.makes_optimizer(n) and n not in v.OPTIMIZER_FACTORIES for n in self.qualified_names(call.func))
+        ]
+
+    def _is_model_or_loader_call(self, call: cst.Call) -> bool:
+        return self.is_call_to(call, v.DATA_PARALLEL | v.DATALOADER)
+
+    def _calls_to(self, names) -> list[cst.Call]:
+        return [call for call in self._uses.calls if self.is_call_to(call, names)]
+
+    def _fresh_name(self, wanted: str) -> str:
+        taken = self._uses.names
+        name, number = wanted, 1
+        while name in taken:
+            number += 1
+            name = f"{wanted}{number}"
+        return name
+
+    def _code(self, node: cst.CSTNode) -> str:
+        return self._module.code_for_node(node).strip()
+
+    def _position(self, node: cst.CSTNode, end: bool = False) -> tuple[int, int]:
+        where = self.get_metadata(PositionProvider, node)
+        point = where.end if end else where.start
+        return point.line, point.column
+
+    def _block_statement(self, node: cst.CSTNode) -> tuple[Optional[cst.CSTNode], Optional[cst.CSTNode]]:
+        child = node
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
+                return child, ancestor
+            if isinstance(ancestor, cst.SimpleStatementSuite):
+                return None, None
+            child = ancestor
+        return None, None
+
+    def _from_import(self, func: cst.BaseExpression) -> Optional[tuple[str, str, Optional[str]]]:
+        """`DataParallel` bound by `from torch.nn import DataParallel [as DP]`:
+        ("torch.nn", "DataParallel", "DP" or None)."""
+        if not isinstance(func, cst.Name):
+            return None
+        for binding in self.script.bindings_of(func.value, func):
+            statement, alias = binding.statement, binding.node
+            if binding.kind == "import" and isinstance(statement, cst.ImportFrom) and statement.module is not None:
+                asname = alias.asname.name.value if alias.asname is not None else None
+                return dotted_name(statement.module), last_name(alias.name), asname
+        return None

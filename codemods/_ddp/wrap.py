@@ -1,0 +1,426 @@
+"""Which model the ddp codemod wraps in DistributedDataParallel, and where:
+in place of `nn.DataParallel`, or else the one model the optimizers train, at
+the binding training calls, once it is on its device; and the uses of the
+model that must read the unwrapped one (`state_dict`, `.module`, `torch.save`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import libcst as cst
+from libcst.codemod.visitors import RemoveImportsVisitor
+
+from .._base import is_main_guard, keyword_arg, walk
+from ..script import vocabulary as v
+from ..script.ddp_facts import FOLLOW_DEPTH
+from .common import RUNTIME, CannotMigrate, Insertion, Var, as_atom, call_of, first_positional, keyword_of
+from .queries import ScriptQueries
+
+# Attributes of a model that mean the same on DistributedDataParallel.
+MODULE_API = frozenset(
+    {
+        "train", "eval", "parameters", "buffers", "children", "modules", "zero_grad", "to", "cuda", "cpu",
+        "float", "half", "double", "bfloat16", "type", "apply", "requires_grad_", "training", "forward",
+        "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "register_backward_hook", "share_memory", "no_sync",
+    }
+)
+# ...and those that must go to the unwrapped model (names and keys without `module.`).
+UNWRAP_API = frozenset(
+    {"state_dict", "load_state_dict", "named_parameters", "named_buffers", "named_modules", "named_children"}
+)
+MOVES = frozenset({"to", "cuda"})
+
+
+class ModelWrapping(ScriptQueries):
+    """Plans the wrap and the unwrapping reads."""
+
+    def _var_wrapped_by(self, calls: list[cst.Call]) -> Optional[Var]:
+        """`model` of an existing `model = DistributedDataParallel(model, ...)`."""
+        for call in calls:
+            assign = self.parent(call)
+            if isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1:
+                return self._target_var(assign.targets[0].target)
+        return None
+
+    def _plan_model(self) -> Var:
+        """Plan wrapping the model in DistributedDataParallel; the variable that holds it."""
+        wrappers = self._calls_to(v.DATA_PARALLEL)
+        if len(wrappers) > 1:
+            raise CannotMigrate(
+                wrappers[1], "AM520",
+                "several models are wrapped in DataParallel: ddp changed nothing; wrap each in "
+                "DistributedDataParallel by hand once it is on its device, give the training DataLoaders a "
+                "DistributedSampler, and print and save on rank 0 only",
+            )
+        if wrappers:
+            model, anchor, apply = self._plan_data_parallel(wrappers[0])
+            node, code = wrappers[0], "AM502"
+            message = f"`DataParallel` -> `DistributedDataParallel` for `{model.code}` once it is on its device (only when launched on several processes)"
+            dropped = [keyword_of(a) or "a positional argument" for a in wrappers[0].args[1:]]
+            if dropped:
+                message += f"; its {', '.join(dropped)} dropped: each process computes on its own device"
+        else:
+            model, anchor, node, apply = self._plan_bare_model()
+            code = "AM503"
+            message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
+        self._check_model_uses(model, anchor)
+
+        def wrap() -> None:
+            self._use("is_distributed", "DistributedDataParallel", "ddp_device_ids")
+            apply()
+
+        self._step(node, code, message, wrap, core=True)
+        return model
+
+    def _ddp_wrap(self, model: Var, trailing: Optional[cst.TrailingWhitespace] = None) -> cst.If:
+        target = model.code
+        nl, indent = self._module.default_newline, self._module.default_indent
+        statement = cst.parse_statement(
+            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target})){nl}",
+            config=self._config,
+        )
+        if trailing is not None and trailing.comment is not None:
+            inner = statement.body.body[0].with_changes(trailing_whitespace=trailing)
+            statement = statement.with_changes(body=statement.body.with_changes(body=[inner]))
+        return statement
+
+    def _plan_data_parallel(self, call: cst.Call) -> tuple[Var, cst.CSTNode, Callable[[], None]]:
+        line, assign, model = self._wrapper_assignment(call)
+        inner = first_positional(call)
+        if inner is None:
+            raise CannotMigrate(call, "AM520", "DataParallel without a module argument: replace it by DistributedDataParallel by hand")
+        chained = self._self_returning_chain(call, assign.value)
+        rebinds_itself = not chained and self._var_of(inner.value) == model  # model = nn.DataParallel(model)
+        anchor, conditions = self._unconditional_anchor(line)
+        if conditions and not rebinds_itself:
+            raise CannotMigrate(
+                call, "AM520",
+                "DataParallel under a condition, in another form than `model = nn.DataParallel(model)`: replace it by "
+                "`if is_distributed(): model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))` "
+                "after the model is on its device",
+            )
+        anchor = self._after_moves(anchor, model)
+        wrap = self._ddp_wrap(model, line.trailing_whitespace if rebinds_itself else None)
+        if rebinds_itself:  # the comments about the DataParallel line now describe the wrap
+            wrap = wrap.with_changes(leading_lines=[l for l in line.leading_lines if l.comment is not None])
+        imported = self._from_import(call.func)
+
+        def apply() -> None:
+            if rebinds_itself:
+                self._remove.add(line)
+                self._comments_moved.add(line)
+                for condition in conditions:  # innermost first
+                    if all(s in self._remove for s in condition.body.body):
+                        self._remove.add(condition)
+            else:  # model = nn.DataParallel(Net()).to(device) -> model = Net().to(device)
+                self._edits[call] = lambda updated: as_atom(updated.args[0].value) if chained else updated.args[0].value
+            self._after.setdefault(anchor, []).append(wrap)
+            if imported is not None:  # `from torch.nn import DataParallel` may be unused now
+                RemoveImportsVisitor.remove_unused_import(self.context, *imported)
+
+        return model, anchor, apply
+
+    def _wrapper_assignment(self, call: cst.Call) -> tuple[cst.SimpleStatementLine, cst.Assign, Var]:
+        """`model = nn.DataParallel(...)[.to(...)...]`: its line, Assign and target."""
+        expression: cst.CSTNode = call
+        parent = self.parent(expression)
+        while isinstance(parent, cst.Attribute) and isinstance(self.parent(parent), cst.Call):
+            expression = self.parent(parent)
+            parent = self.parent(expression)
+        if isinstance(parent, cst.Return):
+            raise CannotMigrate(
+                call, "AM520",
+                "DataParallel returned from a function: wrap the returned model where it is used, after it is "
+                "on its device: `if is_distributed(): model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))`",
+            )
+        statement = self.assignment_line(expression)
+        if statement is None:
+            raise CannotMigrate(
+                call, "AM520",
+                "DataParallel outside a plain `model = nn.DataParallel(...)` statement: replace it by "
+                "DistributedDataParallel by hand, once the model is on its device",
+            )
+        line, assign = statement
+        model = self._target_var(assign.targets[0].target)
+        if model is None:
+            raise CannotMigrate(call, "AM520", "DataParallel assigned to something other than a name or `self.<name>`: wrap the model by hand")
+        return line, assign, model
+
+    def _self_returning_chain(self, call: cst.Call, value: cst.BaseExpression) -> bool:
+        """True when `value` is `call` followed by methods that return the model
+        itself (`.to(device)`, `.cuda()`, ...); raises for any other chain."""
+        node: cst.CSTNode = call
+        chained = False
+        while node is not value:
+            attribute = self.parent(node)
+            if not (isinstance(attribute, cst.Attribute) and attribute.attr.value in v.SELF_RETURNING_MODULE_METHODS):
+                raise CannotMigrate(call, "AM520", "DataParallel(...) followed by a method other than .to()/.cuda(): wrap the model by hand")
+            node = self.parent(attribute)
+            chained = True
+        return chained
+
+    def _unconditional_anchor(self, line: cst.SimpleStatementLine) -> tuple[cst.CSTNode, list[cst.If]]:
+        """The statement that runs whenever `line` could: `line` itself, or the
+        outermost `if` around it whose bodies hold nothing else but output
+        (`if torch.cuda.device_count() > 1: print(...); model = nn.DataParallel(model)`)."""
+        anchor: cst.CSTNode = line
+        conditions: list[cst.If] = []
+        while True:
+            block = self.parent(anchor)
+            owner = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
+            if isinstance(owner, cst.If) and is_main_guard(owner.test):
+                return anchor, conditions  # the script's entry point runs unconditionally
+            if not isinstance(owner, cst.If) or owner.orelse is not None or block is not owner.body:
+                if isinstance(owner, (cst.For, cst.While, cst.With, cst.Try, cst.If)):
+                    raise CannotMigrate(line, "AM520", "DataParallel inside a loop, `with`, `try` or `if`/`else`: wrap the model by hand")
+                return anchor, conditions
+            others = [s for s in owner.body.body if s is not anchor]
+            if not all(self._is_output_statement(s) for s in others):
+                raise CannotMigrate(
+                    line, "AM520",
+                    "DataParallel under a condition that also does other work: replace it by "
+                    "`if is_distributed(): model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))` by hand",
+                )
+            conditions.append(owner)
+            anchor = owner
+
+    def _after_moves(self, anchor: cst.CSTNode, model: Var) -> cst.CSTNode:
+        """The last statement of `anchor`'s block, from `anchor` on, that moves the
+        model to its device (`model.to(device)`): DDP wraps a model in place."""
+        block = self.parent(anchor)
+        body = list(block.body)
+        last = anchor
+        for statement in body[body.index(anchor) + 1:]:
+            if self._moves_model(statement, model):
+                last = statement
+        return last
+
+    def _moves_model(self, statement: cst.CSTNode, model: Var) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        small = statement.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        if isinstance(small, cst.Assign) and not (
+            len(small.targets) == 1 and self._target_var(small.targets[0].target) == model
+        ):
+            return False
+        return (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in MOVES
+            and self._var_of(value.func.value) == model
+        )
+
+    def _plan_bare_model(self) -> tuple[Var, cst.CSTNode, cst.CSTNode, Callable[[], None]]:
+        """No DataParallel: the one model whose parameters the optimizers train."""
+        optimizers = self._optimizer_calls()
+        models: dict[Var, cst.Call] = {}
+        for optimizer in optimizers:
+            for var in self._models_trained_by(optimizer):
+                models.setdefault(var, optimizer)
+        if not models:
+            node = optimizers[0] if optimizers else self._uses.backward_calls[0]
+            raise CannotMigrate(
+                node, "AM520",
+                "no optimizer over `model.parameters()` found, so ddp cannot tell which model to wrap: once the "
+                "model is on its device, add `if is_distributed(): model = DistributedDataParallel(model, "
+                "device_ids=ddp_device_ids(model))`, then run ddp again",
+            )
+        if len(models) > 1:
+            names = ", ".join(f"`{var.code}`" for var in models)
+            raise CannotMigrate(
+                list(models.values())[1], "AM520",
+                f"several models are trained ({names}): ddp changed nothing; wrap each in DistributedDataParallel "
+                f"by hand once it is on its device, give the training DataLoaders a DistributedSampler, and print "
+                f"and save on rank 0 only",
+            )
+        model, first_optimizer = next(iter(models.items()))
+        model, built_at = self._binding_called_in_training(model, first_optimizer)
+        anchor, insert_before = self._bare_model_anchor(model, built_at)
+        wrap = self._ddp_wrap(model)
+
+        def apply() -> None:
+            if insert_before:
+                self._before.setdefault(anchor, []).append(Insertion(wrap))
+            else:
+                self._after.setdefault(anchor, []).append(wrap)
+
+        return model, anchor, built_at, apply
+
+    def _binding_called_in_training(self, model: Var, optimizer: cst.Call) -> tuple[Var, cst.Call]:
+        """The binding of the optimizer's model that training calls, and the
+        call that builds the optimizer from it there. When the optimizer is
+        built in a factory (`def make_optimizer(model): return SGD(model.parameters())`),
+        wrapping the factory's parameter would wrap a local nobody calls: the
+        wrap goes where the factory is called, on the variable passed to it."""
+        site: cst.Call = optimizer
+        for _ in range(FOLLOW_DEPTH + 1):
+            if self._called_outside_no_grad(model) or self._parameter_of(model) is None:
+                return model, site  # a model built here is wrapped here (and returned wrapped, if it is)
+            caller = self._caller_binding(model)
+            if caller is None:
+                break
+            model, site = caller
+        raise CannotMigrate(
+            optimizer, "AM520",
+            f"the optimizer trains `{model.code}`, but that binding is never called to compute a loss (a parameter of "
+            f"a factory, called from several places or under another name?): wrap the model that the training loop "
+            f"calls, once it is on its device and before the optimizer is built from it: `if is_distributed(): "
+            f"model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))`",
+        )
+
+    def _called_outside_no_grad(self, model: Var) -> bool:
+        """`model(...)` or `model.forward(...)` somewhere gradients are recorded."""
+        for reference, _ in self._followed_references(model):
+            callee, parent = reference, self.parent(reference)
+            if isinstance(parent, cst.Attribute) and parent.value is reference and parent.attr.value == "forward":
+                callee, parent = parent, self.parent(parent)
+            if isinstance(parent, cst.Call) and parent.func is callee and not self.script.in_evaluation(parent):
+                return True
+        return False
+
+    def _models_trained_by(self, optimizer: cst.Call) -> set[Var]:
+        params = first_positional(optimizer) or keyword_arg(optimizer, "params")
+        if params is None:
+            return set()
+        expressions = [params.value]
+        if isinstance(params.value, cst.Name):  # params = [p for p in model.parameters() if ...]
+            expressions.extend(self._assigned_values(params.value))
+        models = set()
+        for expression in expressions:
+            for node in walk(expression):
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("parameters", "named_parameters")
+                ):
+                    root = self._root_var(node.func.value)
+                    if root is not None:
+                        models.add(root)
+        return models
+
+    def _bare_model_anchor(self, model: Var, optimizer: cst.Call) -> tuple[cst.CSTNode, bool]:
+        """Where the wrap goes: after the last statement that binds or moves the
+        model before the optimizer is built, in a block that also builds the
+        optimizer; else just before the statement that builds it."""
+        optimizer_line = self._position(optimizer)[0]
+        best = None
+        for statement in self._statements_binding(model):
+            if self._position(statement)[0] >= optimizer_line:
+                continue
+            block = self.parent(statement)
+            if not any(a is block for a in self.ancestors(optimizer)):
+                continue
+            if best is None or self._position(statement) > self._position(best):
+                best = statement
+        if best is not None:
+            return self._after_moves(best, model), False
+        statement, block = self._block_statement(optimizer)
+        if statement is None or self.innermost_loop(statement) is not None:
+            raise CannotMigrate(
+                optimizer, "AM520",
+                f"cannot find where `{model.code}` is built and moved to its device: after that, add "
+                f"`if is_distributed(): {model.code} = DistributedDataParallel({model.code}, device_ids=ddp_device_ids({model.code}))`",
+            )
+        return statement, True
+
+    def _statements_binding(self, model: Var) -> list[cst.CSTNode]:
+        """Plain statements (alone on their line, in a block) that assign or move
+        `model`, in source order."""
+        found = [self.parent(b.statement) for b in self._bindings_of_var(model) if self._is_plain_assignment(b)]
+        for reference in self._references(model):
+            call = self.parent(self.parent(reference))
+            statement = self.parent(self.parent(call)) if isinstance(call, cst.Call) else None
+            if statement is not None and self._moves_model(statement, model):
+                found.append(statement)
+        order = self.script.index.order
+        return sorted(dict.fromkeys(found), key=lambda line: order[line.body[0]])
+
+    def _check_model_uses(self, model: Var, anchor: cst.CSTNode) -> None:
+        """Refuse when the model is rebound or moved after it is wrapped, or when
+        training calls its own methods (which bypass DDP's gradient hooks)."""
+        wrap_line = self._position(anchor, end=True)[0]
+        for statement in self._statements_binding(model):
+            if self._position(statement)[0] > wrap_line and not self._compiles_model(statement, model):
+                raise CannotMigrate(
+                    statement, "AM520",
+                    f"`{model.code}` is moved or rebound after the point where ddp would wrap it: make the model final "
+                    f"and on its device first, then wrap it in DistributedDataParallel by hand",
+                )
+        for reference, _ in self._followed_references(model):
+            method = self._own_method_called(reference)
+            if method is not None and not self.script.in_evaluation(reference):
+                raise CannotMigrate(
+                    reference, "AM527",
+                    f"the model's own method `{method}` is called: under DistributedDataParallel gradients are "
+                    f"synchronised only through `model(...)`; route the computation through `forward`, then run ddp again",
+                )
+
+    def _compiles_model(self, statement: cst.SimpleStatementLine, model: Var) -> bool:
+        """`model = torch.compile(model, ...)`: compiling the DDP model is the recommended order."""
+        value = statement.body[0].value
+        first = first_positional(value) if isinstance(value, cst.Call) else None
+        return (
+            first is not None
+            and self.is_call_to(value, {"torch.compile"})
+            and self._var_of(first.value) == model
+        )
+
+    def _own_method_called(self, reference: cst.CSTNode) -> Optional[str]:
+        """`model.encode(...)` or `model.module.encode(...)`: the method's name."""
+        node = reference
+        attribute = self.parent(node)
+        if isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value == "module":
+            node, attribute = attribute, self.parent(attribute)
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is node):
+            return None
+        call = self.parent(attribute)
+        name = attribute.attr.value
+        if isinstance(call, cst.Call) and call.func is attribute and name not in MODULE_API | UNWRAP_API:
+            return name
+        return None
+
+    def _plan_model_references(self, model: Var, had_data_parallel: bool) -> None:
+        """`model.state_dict()` / `.load_state_dict()` / `.named_*()` / `.module` /
+        `torch.save(model)` go to the unwrapped model, in every world size alike."""
+        for reference, _ in self._followed_references(model):
+            parent = self.parent(reference)
+            name = self._code(reference)
+            if isinstance(parent, cst.Arg) and self._is_unwrap_argument(parent):
+                continue
+            if isinstance(parent, cst.Attribute) and parent.value is reference:
+                attribute = parent.attr.value
+                if attribute == "module":
+                    self._plan_unwrap(parent, reference, f"`{name}.module` -> `unwrap_model({name})`")
+                elif attribute == "load_state_dict" and had_data_parallel:
+                    self._plan_unwrap(
+                        reference, reference,
+                        f"`{name}.load_state_dict` -> `unwrap_model({name}).load_state_dict`: checkpoints are saved "
+                        f"without `module.` now; strip it from older ones with "
+                        f"`torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, \"module.\")`",
+                    )
+                elif attribute in UNWRAP_API:
+                    self._plan_unwrap(
+                        reference, reference,
+                        f"`{name}.{attribute}` -> `unwrap_model({name}).{attribute}`: names without `module.`, whatever the world size",
+                    )
+            elif isinstance(parent, cst.Arg) and parent.keyword is None:
+                call = self.parent(parent)
+                if isinstance(call, cst.Call) and self.is_call_to(call, v.TORCH_SAVE) and call.args[0] is parent:
+                    self._plan_unwrap(reference, reference, f"`torch.save(unwrap_model({name}), ...)`: the model itself, not its DDP wrapper")
+
+    def _is_unwrap_argument(self, arg: cst.Arg) -> bool:
+        call = self.parent(arg)
+        return isinstance(call, cst.Call) and self.is_qualified(call.func, {f"{RUNTIME}.unwrap_model"})
+
+    def _plan_unwrap(self, node: cst.CSTNode, reference: cst.CSTNode, message: str) -> None:
+        def apply() -> None:
+            self._use("unwrap_model")
+            if node is reference:
+                self._edits[node] = lambda updated: call_of("unwrap_model", updated)
+            else:
+                self._edits[node] = lambda updated: call_of("unwrap_model", updated.value)
+
+        self._step(node, "AM508", message, apply)

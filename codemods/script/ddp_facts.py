@@ -1,0 +1,119 @@
+"""Facts the `ddp` and `sync-bn` codemods read beyond the shared model: every
+call in source order, where each name is read, and which calls lead to a
+backward pass.
+
+`uses_of(model)` computes them once per model (one pass over the nodes the
+model already ordered) and keeps them as long as the model lives.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from .model import ScriptModel
+from .scopes import Scope
+
+FOLLOW_DEPTH = 3  # how many calls deep a function that trains is followed
+
+# Where a Name is not a read: the attribute of `x.name`, the keyword of `f(name=...)`,
+# the name of a parameter or definition.
+_NAMED_BY = (cst.Param, cst.FunctionDef, cst.ClassDef)
+
+_cache: "weakref.WeakKeyDictionary[ScriptModel, Uses]" = weakref.WeakKeyDictionary()
+
+
+def uses_of(model: ScriptModel) -> "Uses":
+    found = _cache.get(model)
+    if found is None:
+        found = _cache[model] = Uses(model)
+    return found
+
+
+class Uses:
+    """Calls in source order, the Name nodes of each spelling, and reads."""
+
+    def __init__(self, model: ScriptModel) -> None:
+        self.model = model
+        self.calls: list[cst.Call] = []
+        self.names: dict[str, list[cst.Name]] = {}
+        for node in model.index.order:  # source order
+            if isinstance(node, cst.Call):
+                self.calls.append(node)
+            elif isinstance(node, cst.Name):
+                self.names.setdefault(node.value, []).append(node)
+        self._targets = {
+            binding.node for scope in model.scopes for bindings in scope.bindings.values() for binding in bindings
+        }
+        self._training_calls: Optional[set] = None
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def reads(self, name: str, home: Scope) -> list[cst.Name]:
+        """The Names that read the binding of `name` in `home`, in source order."""
+        index = self.model.index
+        return [
+            node for node in self.names.get(name, ())
+            if self.is_read(node) and index.home_of(name, index.scope_of(node)) is home
+        ]
+
+    def self_attribute_reads(self, klass: cst.ClassDef, attribute: str) -> list[cst.Attribute]:
+        """`self.<attribute>` read (not assigned) in the code of `klass`."""
+        found = []
+        for name in self.names.get("self", ()):
+            parent = self.model.parent(name)
+            if (
+                isinstance(parent, cst.Attribute)
+                and parent.value is name
+                and parent.attr.value == attribute
+                and parent not in self._targets
+                and any(a is klass for a in self.model.ancestors(parent))
+            ):
+                found.append(parent)
+        return found
+
+    def is_read(self, name: cst.Name) -> bool:
+        if name in self._targets:
+            return False
+        parent = self.model.parent(name)
+        if isinstance(parent, cst.Attribute) and parent.attr is name:
+            return False
+        if isinstance(parent, cst.Arg) and parent.keyword is name:
+            return False
+        if isinstance(parent, _NAMED_BY) and parent.name is name:
+            return False
+        if isinstance(parent, cst.NameItem):  # global / nonlocal
+            return False
+        return not any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.model.ancestors(name))
+
+    # -- training ------------------------------------------------------------------------
+
+    @property
+    def backward_calls(self) -> list[cst.Call]:
+        return [step.backward for step in self.model.training_steps]
+
+    def trains(self, node: cst.CSTNode) -> bool:
+        """Does running `node` call a backward, in it or through the file's own
+        functions it calls (up to FOLLOW_DEPTH calls deep)?"""
+        return any(call is node or any(a is node for a in self.model.ancestors(call)) for call in self.training_calls())
+
+    def training_calls(self) -> set:
+        """The backward calls, and the calls of the file's functions that lead to one."""
+        if self._training_calls is None:
+            backwards = self.backward_calls
+            training = set(backwards)
+            trainers = {f for call in backwards for f in self._functions_around(call)}
+            for _ in range(FOLLOW_DEPTH):
+                sites = [site.call for f in self.model.functions if f.node in trainers for site in f.callers]
+                training.update(sites)
+                trainers |= {f for call in sites for f in self._functions_around(call)}
+            self._training_calls = training
+        return self._training_calls
+
+    def _functions_around(self, node: cst.CSTNode) -> Iterator[cst.FunctionDef]:
+        return (a for a in self.model.ancestors(node) if isinstance(a, cst.FunctionDef))
+
+
+__all__ = ["FOLLOW_DEPTH", "Uses", "uses_of"]
