@@ -181,10 +181,10 @@ class Flow:
         module = self.index.module
         guard = next((s for s in module.body if isinstance(s, cst.If) and is_main_guard(s.test)), None)
         flat = [s for s in module.body if s is not guard and _does_work(s)]
-        from_guard = self._called_functions([guard] if guard is not None else [])
-        return EntryPoint(guard, flat, [f.name for f in from_guard], [f.name for f in self._called_functions(flat)], self.lines)
+        from_guard = self.called_functions([guard] if guard is not None else [])
+        return EntryPoint(guard, flat, [f.name for f in from_guard], [f.name for f in self.called_functions(flat)], self.lines)
 
-    def _called_functions(self, roots: list) -> list[Function]:
+    def called_functions(self, roots: list) -> list[Function]:
         """The file's functions that code in `roots` calls, directly or through
         one another (a class called runs its __init__)."""
         reached: dict[Function, None] = {}
