@@ -15,7 +15,8 @@ when compute dominates, ...).
 
 The first steps (worker start-up, lazy initialisation, optimizer state) are
 warm-up and not counted. This process never imports torch; only the child
-running the script does.
+running the script does; without torch installed the command stops at once
+and names the install command.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import tempfile
 from typing import Any, Optional
 
 import click
+
+from .torch_check import require_torch
 
 MIB = 1024 * 1024
 
@@ -370,6 +373,7 @@ def profile_command(script, script_args, steps, as_json):
 
     Options go before `--`; everything after it goes to the script.
     """
+    require_torch("profile")
     raw = measure(script, script_args, steps, output_to_stderr=as_json)
     report = analyse(raw)
     if as_json:

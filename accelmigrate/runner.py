@@ -30,7 +30,14 @@ own output.
 accelerator device), and one process on a machine without any: several
 processes on the same CPU cores only share them.
 
-Torch is imported only when a launch happens, never to build arguments.
+Before launching, the script's source is read (never imported) to see
+whether it joins a process group (`process_group`): several processes of a
+script that does not would each train a full copy on their own, so such a
+launch is refused unless `--force`, and a one-process launch warns.
+
+Torch is imported only when a launch happens, never to build arguments; without
+torch installed, `run` stops at once with one line that names the install
+command (writing an sbatch script needs no torch here).
 """
 
 from __future__ import annotations
@@ -44,11 +51,14 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import click
 
 from . import slurm
+from .process_group import initialises_process_group
+from .torch_check import require_torch
 
 RANK_ENTRY = "accelmigrate.runner"
 LOOPBACK = "127.0.0.1"
@@ -65,6 +75,32 @@ _SIGNAL_HINTS = {
 
 class LaunchError(ValueError):
     """The options do not describe a launch torchrun can make."""
+
+
+# --- what the script does with the processes ------------------------------------------
+
+
+def check_process_group(script: str, processes: int, force: bool) -> None:
+    """A script that never joins a process group, launched N times, is N
+    independent copies each doing the whole job: refused when N > 1 (unless
+    `force`), a warning otherwise."""
+    if force or initialises_process_group(Path(script)) is not False:
+        return
+    found_nowhere = (
+        f"{script} never initialises a process group (no init_process_group, init_distributed, "
+        "Lightning, Accelerate or DeepSpeed found in it or in the modules beside it that it imports)"
+    )
+    migrate = f"accelmigrate apply {script} --to ddp"
+    if processes > 1:
+        raise LaunchError(
+            f"{found_nowhere}: its {processes} processes would each train a full, separate copy. "
+            f"Migrate it first ({migrate}), or pass --force to launch them anyway"
+        )
+    click.echo(
+        f"accelmigrate run: warning: {found_nowhere}; it runs as one plain process. "
+        f"To train on several processes, migrate it first: {migrate}",
+        err=True,
+    )
 
 
 # --- arguments ---------------------------------------------------------------------
@@ -309,10 +345,8 @@ def report_failures(failures: Mapping[int, Any], root_rank: int, several_nodes: 
     console.print(Text(_traceback_text(root)))
     for rank, failure in sorted(failures.items()):
         if rank != root_rank:
-            last_line = _traceback_text(failure).strip().splitlines()[-1:] or [""]
-            console.print(
-                Text(f"rank {rank} also ended ({_exit_text(failure)}): {last_line[0]}".rstrip(": "), style="red")
-            )
+            console.print(Text(f"rank {rank} also ended ({_exit_text(failure)}):", style="red"), end=" ")
+            console.print(Text(_exception_text(failure)))
     if several_nodes:
         console.print("(each node sees only its own ranks: the cause may be in another node's output)")
 
@@ -322,6 +356,16 @@ def _exit_text(failure: Any) -> str:
     if failure.exitcode < 0:
         text += f", {failure.signal_name()}"
     return text
+
+
+def _exception_text(failure: Any) -> str:
+    """What a rank that did not fail first raised, all of it (a message of
+    several lines, notes), without the traceback the first rank already shows;
+    for a rank without an exception, what torchrun knows."""
+    message = failure.message
+    if isinstance(message, dict) and message.get("message"):
+        return str(message["message"]).rstrip("\n")
+    return _traceback_text(failure).strip()
 
 
 def _traceback_text(failure: Any) -> str:
@@ -371,7 +415,7 @@ def _write_error_file(error: BaseException) -> None:
     now = time.time_ns()
     data = {
         "message": {
-            "message": f"{type(error).__name__}: {error}",
+            "message": "".join(traceback.format_exception_only(error)).rstrip("\n"),
             "extraInfo": {
                 "py_callstack": "".join(traceback.format_exception(error)),
                 "timestamp": str(now // 1_000_000_000),
@@ -442,6 +486,11 @@ def _print_with_rank(lines: Sequence[str]) -> None:
 @click.option("--account", default=None, help="[--slurm-script] account.")
 @click.option("--job-name", default=None, help="[--slurm-script] job name (default: the script's name).")
 @click.option("--cpus-per-task", type=int, default=None, help="[--slurm-script] CPUs for each node's task.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Launch several processes even of a script that never initialises a process group.",
+)
 def run_command(
     script,
     script_args,
@@ -459,6 +508,7 @@ def run_command(
     account,
     job_name,
     cpus_per_task,
+    force,
 ):
     """Launch SCRIPT on one or many processes through torchrun.
 
@@ -480,6 +530,7 @@ def run_command(
                 cpus_per_task=cpus_per_task,
                 max_restarts=max_restarts,
             )
+            check_process_group(script, job.nodes * (job.nproc_per_node or job.gpus_per_node or 1), force)
             _write_sbatch(slurm_script, slurm.sbatch_script(script, script_args, job, sys.executable))
             return
         _reject_batch_only_options(
@@ -491,6 +542,7 @@ def run_command(
             job_name=job_name,
             cpus_per_task=cpus_per_task,
         )
+        require_torch("run")
         if nnodes is None and rdzv_endpoint is None:
             placement = slurm.placement_from_env(os.environ)
             if placement:
@@ -499,16 +551,18 @@ def run_command(
                     placement.rdzv_endpoint,
                     rdzv_id or placement.rdzv_id,
                 )
+        processes = processes_per_node(nproc_per_node)
         argv = torchrun_args(
             script,
             script_args,
-            nproc_per_node=processes_per_node(nproc_per_node),
+            nproc_per_node=processes,
             nnodes=nnodes or "1",
             node_rank=node_rank,
             rdzv_endpoint=rdzv_endpoint,
             rdzv_id=rdzv_id,
             max_restarts=max_restarts,
         )
+        check_process_group(script, processes * _max_nodes(nnodes or "1"), force)
     except (LaunchError, slurm.SlurmError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(launch(argv))

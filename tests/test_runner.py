@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from accelmigrate import slurm
+from accelmigrate.process_group import initialises_process_group
 from accelmigrate.runner import (
     LOOPBACK_RENDEZVOUS,
     LaunchError,
@@ -22,6 +23,7 @@ from accelmigrate.runner import (
     first_failure,
     keep_collectives_on_loopback,
     loopback_interface,
+    report_failures,
     torchrun_args,
 )
 
@@ -162,6 +164,205 @@ def test_a_rank_writes_its_traceback_where_torchrun_reads_it(tmp_path):
     later = ProcessFailure(local_rank=0, pid=2, exitcode=1, error_file=str(error_file))
     later.message["extraInfo"]["accelmigrate_time_ns"] = str(first_ns + 1)
     assert first_failure({0: later, 3: failure}) == 3
+
+
+def _rank_error_file(tmp_path, rank: int, body: str):
+    """The error file a real rank writes when SCRIPT raises; its ProcessFailure."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    script = tmp_path / f"rank{rank}.py"
+    script.write_text(body)
+    error_file = tmp_path / f"error{rank}.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file), "RANK": str(rank)}
+    done = subprocess.run([sys.executable, "-m", "accelmigrate.runner", str(script)], capture_output=True, env=env)
+    assert done.returncode == 1
+    return ProcessFailure(local_rank=rank, pid=rank + 100, exitcode=1, error_file=str(error_file))
+
+
+def test_every_failing_rank_keeps_its_whole_exception(tmp_path, capsys):
+    first = _rank_error_file(tmp_path, 1, "raise ValueError('shapes differ:\\n  input (8, 3)\\n  target (8, 4)')\n")
+    second = _rank_error_file(
+        tmp_path,
+        0,
+        "error = RuntimeError('NCCL timeout\\nwaited 600 s for rank 1')\n"
+        "error.add_note('collective: all_reduce')\n"
+        "raise error\n",
+    )
+    report_failures({0: second, 1: first}, root_rank=1)
+    summary = capsys.readouterr().err
+    assert "rank 1 failed first" in summary
+    assert "ValueError: shapes differ:\n  input (8, 3)\n  target (8, 4)" in summary
+    also = summary[summary.index("rank 0 also ended (exit code 1):") :]
+    assert "RuntimeError: NCCL timeout\nwaited 600 s for rank 1\ncollective: all_reduce" in also
+
+
+# --- a script that never joins a process group -------------------------------------------
+
+PLAIN_SCRIPT = """\
+import pathlib, sys
+import torch
+
+model = torch.nn.Linear(4, 1)
+pathlib.Path(sys.argv[1]).joinpath(f"copy-{__import__('os').environ.get('RANK')}").write_text("trained")
+"""
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\n",
+        "import torch\ntorch.distributed.init_process_group(backend='nccl')\n",
+        "from torch.distributed import init_process_group as start\nstart('gloo')\n",
+        "from torch.distributed.device_mesh import init_device_mesh\nmesh = init_device_mesh('cuda', (8,))\n",
+        "from accelmigrate.runtime.distributed import init_distributed\ninit_distributed()\n",
+        "from accelmigrate.runtime.distributed import *\nwith distributed_session():\n    pass\n",
+        "def setup(backend_module):\n    backend_module.init_process_group('gloo')\n",
+        "import lightning as L\ntrainer = L.Trainer(devices=4)\n",
+        "from accelerate import Accelerator\naccelerator = Accelerator()\n",
+        "from transformers import Trainer\nTrainer(model=None)\n",
+    ],
+)
+def test_the_ways_a_script_joins_a_process_group_are_seen(tmp_path, source):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert initialises_process_group(script, search_path=[]) is True
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        PLAIN_SCRIPT,
+        "import torch\n# dist.init_process_group('gloo') once we have GPUs\nnote = 'call init_process_group first'\n",
+        "from transformers import AutoTokenizer\ntokenizer = AutoTokenizer.from_pretrained('x')\n",
+        "import torch.distributed as dist\nprint(dist.is_available())\n",
+    ],
+)
+def test_a_script_that_never_joins_one_is_told_apart(tmp_path, source):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert initialises_process_group(script, search_path=[]) is False
+
+
+def test_the_process_group_may_be_set_up_in_a_module_beside_the_script(tmp_path):
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("")
+    (tmp_path / "utils" / "dist.py").write_text(
+        "import torch.distributed as dist\ndef setup():\n    dist.init_process_group('gloo')\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text("from utils.dist import setup\nsetup()\n")
+    assert initialises_process_group(script, search_path=[]) is True
+    (tmp_path / "utils" / "dist.py").write_text("def setup():\n    pass\n")
+    assert initialises_process_group(script, search_path=[]) is False
+
+
+def test_a_script_that_does_not_parse_is_left_to_python(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("def broken(:\n")
+    assert initialises_process_group(script) is None
+
+
+def test_several_copies_of_a_script_without_a_process_group_are_refused(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN_SCRIPT)
+    done = run_cli("run", "--nproc-per-node", "2", str(script), "--", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "never initialises a process group" in done.stderr
+    assert f"accelmigrate apply {script} --to ddp" in done.stderr and "--force" in done.stderr
+    assert not list(tmp_path.glob("copy-*"))  # nothing was launched
+
+
+def test_an_sbatch_script_for_several_copies_is_refused_too(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN_SCRIPT)
+    batch = tmp_path / "job.sbatch"
+    done = run_cli("run", "--slurm-script", str(batch), "--nodes", "2", str(script))
+    assert done.returncode == 2 and "never initialises a process group" in done.stderr
+    assert not batch.exists()
+    done = run_cli("run", "--slurm-script", str(batch), "--nodes", "2", "--force", str(script))
+    assert done.returncode == 0, done.stderr
+    assert batch.exists()
+
+
+@pytest.mark.slow
+def test_one_process_of_such_a_script_runs_with_a_warning(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN_SCRIPT)
+    done = run_cli("run", "--nproc-per-node", "1", str(script), "--", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "warning: " in done.stderr and "never initialises a process group" in done.stderr
+    assert "--to ddp" in done.stderr
+    assert [path.name for path in tmp_path.glob("copy-*")] == ["copy-0"]
+
+
+@pytest.mark.slow
+def test_force_launches_the_copies_anyway(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN_SCRIPT)
+    done = run_cli("run", "--nproc-per-node", "2", "--force", str(script), "--", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(path.name for path in tmp_path.glob("copy-*")) == ["copy-0", "copy-1"]
+
+
+# --- without torch -------------------------------------------------------------------
+
+# What an environment without torch looks like to `import torch` and to importlib.
+WITHOUT_TORCH = "import sys, runpy; sys.modules['torch'] = None; sys.argv[0] = 'accelmigrate'; "
+WITHOUT_TORCH += "runpy.run_module('accelmigrate', run_name='__main__')"
+
+
+def run_cli_without_torch(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "profile"])
+def test_commands_that_run_scripts_name_the_install_when_torch_is_missing(command):
+    done = run_cli_without_torch(command, str(FAILING_RANK))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr  # one line, no traceback
+    assert f"accelmigrate {command}: torch is not installed" in done.stderr
+    assert "pip install 'accelmigrate[torch]'" in done.stderr
+
+
+LOADER_SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return torch.tensor([float(index)]), torch.tensor([float(index) ** 2])
+
+
+def main():
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for inputs, targets in DataLoader(Squares(), batch_size=8, shuffle=True):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_the_tool_side_works_without_torch(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(LOADER_SCRIPT)
+    checked = run_cli_without_torch("check", str(script), "--to", "workers")
+    assert checked.returncode == 1 and f"{script}:16:" in checked.stdout, checked.stdout + checked.stderr
+    applied = run_cli_without_torch("apply", str(script), "--to", "workers", cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    assert "num_workers=" in script.read_text()
+    assert run_cli_without_torch("check", str(script), "--to", "workers").returncode == 0
 
 
 # --- SLURM ------------------------------------------------------------------------

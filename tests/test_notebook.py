@@ -1,0 +1,252 @@
+"""Notebooks: code cells to one Python source and back, byte for byte where
+nothing changed; IPython syntax left alone; findings placed in their cells."""
+
+import ast
+import json
+
+import pytest
+
+from accelmigrate.engine import migrate_source
+from accelmigrate.notebook import PLACEHOLDER, NotebookError, _split_cells as split_cells, parse_notebook
+
+
+def code(source, count=None, outputs=(), **metadata):
+    return {
+        "cell_type": "code",
+        "execution_count": count,
+        "metadata": metadata,
+        "outputs": list(outputs),
+        "source": source,
+    }
+
+
+def markdown(source):
+    return {"cell_type": "markdown", "metadata": {}, "source": source}
+
+
+def notebook(*cells, language="python"):
+    return {
+        "cells": list(cells),
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": language, "name": "python3"},
+            "language_info": {"name": language, "version": "3.11.4"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def lines(text):
+    """A cell's source as Jupyter stores it: lines, the last without its newline."""
+    return text.splitlines(keepends=True)
+
+
+STREAM = {"name": "stdout", "output_type": "stream", "text": ["epoch 0: loss 0.93\n", "épreuve ✓\n"]}
+PICTURE = {
+    "data": {"image/png": "iVBORw0KGgo=\n", "text/plain": ["<Figure>"]},
+    "metadata": {},
+    "output_type": "display_data",
+}
+
+SETUP = """\
+%matplotlib inline
+%load_ext autoreload
+!pip install --quiet tqdm
+import torch
+from torch.utils.data import DataLoader, Dataset"""
+
+DATASET = """\
+class Squares(Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, index):
+        x = torch.tensor([index / 256.0])
+        return x, x**2"""
+
+TRAINING = """\
+def train(epochs):
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Squares(), batch_size=32, shuffle=True)
+    for epoch in range(epochs):
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch}: loss {loss.item():.2f}")
+
+
+if __name__ == "__main__":
+    train(2)"""
+
+TIMED = "%%time\ntrain(1)\n"
+
+
+def training_notebook():
+    return notebook(
+        markdown(["# Squares\n", "A tiny regression."]),
+        code(lines(SETUP), 1, tags=["setup"]),
+        code(lines(DATASET), 2),
+        code(lines(TRAINING), 3, outputs=[STREAM, PICTURE], collapsed=False),
+        code(TIMED, 4),  # a source stored as one string
+        code([], None),
+    )
+
+
+# Layouts notebooks are saved with: nbformat's (indent 1, sorted keys, non-ASCII
+# kept), and ones with other indentation, ASCII escapes, CRLF, key order.
+LAYOUTS = {
+    "nbformat": lambda nb: json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
+    "indent 2, ascii, file order": lambda nb: json.dumps(nb, indent=2),
+    "indent 4, crlf": lambda nb: json.dumps(nb, indent=4, ensure_ascii=False).replace("\n", "\r\n") + "\r\n",
+    "one line": lambda nb: json.dumps(nb, separators=(",", ":")),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_notebook_with_nothing_changed_comes_back_byte_identical(layout):
+    text = LAYOUTS[layout](training_notebook())
+    parsed = parse_notebook(text)
+    assert parsed.with_source(parsed.source) is parsed.text
+    assert parsed.with_source(parsed.source) == text
+    # and split at its markers, the source gives back every cell's text exactly
+    assert split_cells(parsed.source, parsed.cells) == [cell.text for cell in parsed.cells]
+
+
+def test_the_source_holds_the_code_cells_with_ipython_lines_inert():
+    parsed = parse_notebook(json.dumps(training_notebook(), indent=1))
+    assert [cell.index for cell in parsed.cells] == [1, 2, 3, 4, 5]
+    compile(parsed.source, "<notebook>", "exec")  # plain Python for the codemods
+    setup = parsed.cells[0]
+    assert setup.ipython_lines == ("%matplotlib inline\n", "%load_ext autoreload\n", "!pip install --quiet tqdm\n")
+    assert parsed.source.splitlines()[1:4] == [PLACEHOLDER] * 3
+    assert parsed.cells[3].ipython_lines == ("%%time\n", "train(1)\n")  # a cell magic's whole cell
+    # line counts are kept: each cell's lines sit after its marker, one for one
+    source_lines = parsed.source.splitlines()
+    for cell in parsed.cells:
+        assert cell.line_count == len(cell.text.splitlines())
+        assert source_lines[cell.first_line - 1 : cell.first_line - 1 + cell.line_count][-1:] in (
+            cell.text.splitlines()[-1:],
+            [PLACEHOLDER],
+        )
+
+
+@pytest.mark.parametrize(
+    "cell, replaced",
+    [
+        ("files = !ls data/\nprint(files)", ["files = !ls data/\n"]),
+        ("model?\nmodel.forward??", ["model?\n", "model.forward??"]),
+        ("for seed in range(3):\n    !python train.py --seed {seed}\n", ["    !python train.py --seed {seed}\n"]),
+        # Python's own `%` and `!`: an operator inside brackets or after a
+        # backslash, text inside a string, a comment
+        ("total = (steps\n         % 7)\nok = (a\n      != b)\n", []),
+        ('doc = """\n%not a magic\n!nor a shell line\n"""\n', []),
+        ("share = 10 \\\n    % 3\n", []),
+        ("x = 1  # what?\n", []),
+    ],
+)
+def test_only_ipython_syntax_is_replaced(cell, replaced):
+    parsed = parse_notebook(json.dumps(notebook(code(lines(cell)))))
+    assert list(parsed.cells[0].ipython_lines) == replaced
+    compile(parsed.source, "<notebook>", "exec")
+    assert parsed.with_source(parsed.source) == parsed.text
+
+
+def test_a_cell_migrated_with_workers_comes_back_in_its_cell():
+    original = training_notebook()
+    text = json.dumps(original, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    parsed = parse_notebook(text)
+    migration = migrate_source(parsed.source, [("workers", {})], "squares.ipynb")
+    assert migration.code != parsed.source
+
+    migrated = json.loads(parsed.with_source(migration.code))
+    cells = migrated["cells"]
+    training = "".join(cells[3]["source"])
+    loader = loader_call(training)
+    assert [keyword.arg for keyword in loader.keywords][:3] == ["batch_size", "shuffle", "num_workers"]
+    assert without_loader(training) == without_loader(TRAINING)  # the rest of the cell as it was
+    setup = "".join(cells[1]["source"])  # the new import lands in a code cell above, magics kept
+    assert "from accelmigrate.runtime.data import default_num_workers" in setup
+    assert [line for line in setup.splitlines() if line and "default_num_workers" not in line] == SETUP.splitlines()
+    # everything else as it was: other cells, outputs, metadata, nbformat
+    for index in (0, 2, 4, 5):
+        assert cells[index] == original["cells"][index]
+    assert {key: value for key, value in cells[3].items() if key != "source"} == {
+        key: value for key, value in original["cells"][3].items() if key != "source"
+    }
+    assert {key: value for key, value in migrated.items() if key != "cells"} == {
+        key: value for key, value in original.items() if key != "cells"
+    }
+
+
+def loader_call(cell_text):
+    return next(
+        node
+        for node in ast.walk(ast.parse(cell_text))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "DataLoader"
+    )
+
+
+def without_loader(cell_text):
+    """The cell's lines but those of the statement that builds the DataLoader."""
+    [statement] = [
+        node
+        for node in ast.walk(ast.parse(cell_text))
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", "") == "DataLoader"
+    ]
+    lines = cell_text.splitlines()
+    return lines[: statement.lineno - 1] + lines[statement.end_lineno :]
+
+
+def test_only_the_changed_sources_differ_in_the_text():
+    text = json.dumps(training_notebook(), indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    parsed = parse_notebook(text)
+    migrated = parsed.with_source(migrate_source(parsed.source, [("workers", {})]).code)
+    removed = [line for line in text.splitlines() if line not in migrated.splitlines()]
+    added = [line for line in migrated.splitlines() if line not in text.splitlines()]
+    assert removed == ['    "    loader = DataLoader(Squares(), batch_size=32, shuffle=True)\\n",']
+    assert '    "from accelmigrate.runtime.data import default_num_workers\\n",' in added
+    assert all(line.startswith('    "') for line in added)  # nbformat's layout for list items
+    assert "épreuve ✓" in migrated  # non-ASCII text stays as written
+
+
+def test_a_finding_is_placed_in_its_cell():
+    parsed = parse_notebook(json.dumps(training_notebook()))
+    loader_line = next(n for n, line in enumerate(parsed.source.splitlines(), 1) if "DataLoader(Squares()" in line)
+    assert parsed.cell_position(loader_line) == (3, 4)
+    findings = migrate_source(parsed.source, [("workers", {})], check_only=True).findings
+    assert [parsed.cell_position(finding.line) for finding in findings] == [(3, 4)]
+    assert parsed.cell_position(1) == (1, 1)  # the first marker: the first line of its cell
+
+
+def test_a_migration_that_mixes_cells_is_refused():
+    parsed = parse_notebook(json.dumps(training_notebook()))
+    indented = "\n".join("    " + line for line in parsed.source.splitlines())  # as if wrapped in a function
+    with pytest.raises(NotebookError, match="moved code across notebook cells"):
+        parsed.with_source("def main():\n" + indented + "\n")
+    without_magic = parsed.source.replace(PLACEHOLDER + "\n", "", 1)
+    with pytest.raises(NotebookError, match="IPython lines"):
+        parsed.with_source(without_magic)
+
+
+def test_another_language_has_nothing_to_migrate():
+    text = json.dumps(notebook(code(["println(1)"]), language="julia"))
+    parsed = parse_notebook(text)
+    assert (parsed.is_python, parsed.source, parsed.with_source("")) == (False, "", text)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{", "not JSON"),
+        (json.dumps({"nbformat": 3, "worksheets": []}), "not an nbformat 4 notebook"),
+        (json.dumps([1, 2]), "not an nbformat 4 notebook"),
+    ],
+)
+def test_what_is_not_a_notebook_is_refused(text, message):
+    with pytest.raises(NotebookError, match=message):
+        parse_notebook(text)
