@@ -43,12 +43,12 @@ from typing import Union
 
 import libcst as cst
 
-from ._base import Codemod, remove_statements
+from ._base import remove_statements
+from ._ddp.queries import ScriptNames
+from .script.vocabulary import EMPTY_CACHE
 
-EMPTY_CACHE = {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
 
-
-class EmptyCache(Codemod):
+class EmptyCache(ScriptNames):
     word = "empty-cache"
     summary = "remove torch.cuda.empty_cache() from loop bodies (a device sync every iteration)"
     codes = {
@@ -56,6 +56,7 @@ class EmptyCache(Codemod):
         "AM211": "torch.cuda.empty_cache() outside a loop: review it",
     }
     triggers = ("empty_cache",)
+    METADATA_DEPENDENCIES = ()  # names and parents come from the script model
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -65,7 +66,7 @@ class EmptyCache(Codemod):
         if not self.is_call_to(node, EMPTY_CACHE):
             return
         statement = self._own_statement_line(node)
-        in_loop = self.innermost_loop(node) is not None
+        in_loop = bool(self.script.loops_around(node))
         if not in_loop:
             self.report(node, "AM211", "torch.cuda.empty_cache() outside a loop: keep it only if another process needs the memory now")
         elif statement is None:

@@ -121,20 +121,17 @@ Left alone (with a finding that says what to do)
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.metadata import Assignment, GlobalScope, PositionProvider, ScopeProvider
+from libcst.metadata import PositionProvider
 
-from ._base import Codemod, append_keyword_args, dotted_name, has_star_args, is_main_guard, keyword_arg
+from ._base import append_keyword_args, dotted_name, has_star_args, keyword_arg, walk
+from ._ddp.queries import ScriptNames
+from .script.vocabulary import DATALOADER, ITERABLE_DATASET_BASES
+from .script.workers_facts import workers_facts
 
-DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-# Modules whose `import *` brings torch's DataLoader in.
-DATALOADER_MODULES = {"torch.utils.data", "torch.utils.data.dataloader"}
-ITERABLE_BASES = {
-    "torch.utils.data.IterableDataset",
-    "torch.utils.data.dataset.IterableDataset",
+ITERABLE_BASES = ITERABLE_DATASET_BASES | {
     "torch.utils.data.IterDataPipe",
     "torch.utils.data.datapipes.datapipe.IterDataPipe",
 }
@@ -158,10 +155,8 @@ SPAWNED = (
     "where worker processes are not forked (macOS, Windows, and Linux from Python 3.14, whose default is forkserver)"
 )
 
-Definition = Union[cst.ClassDef, cst.FunctionDef]
 
-
-class Workers(Codemod):
+class Workers(ScriptNames):
     word = "workers"
     summary = "DataLoader: worker processes sized to this process's cores, pinned memory"
     codes = {
@@ -174,7 +169,10 @@ class Workers(Codemod):
         "AM107": "dataset of in-memory tensors, or of GPU tensors: left without workers",
     }
     triggers = ("DataLoader",)
-    METADATA_DEPENDENCIES = (*Codemod.METADATA_DEPENDENCIES, ScopeProvider)
+    # A flat script gets its main guard first, so that spawned workers can
+    # import it; where main-guard refuses, AM104 says what to do by hand.
+    requires = ("main-guard",)
+    METADATA_DEPENDENCIES = ()  # names, scopes and parents come from the script model
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -183,21 +181,12 @@ class Workers(Codemod):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._module: Optional[cst.Module] = None
-        self._helper_call = ""  # the code of the worker count expression
-        self._torch = None  # how this module names torch, when it imports it
-        self._star_import = False  # `from torch.utils.data import *` and no other star import
-        self._runs_at_import: Optional[set[cst.CSTNode]] = None  # None: the file has a main guard
+        self._helper_call = f"{HELPER}({_cap_argument(self.options)})"  # the code of the worker count expression
 
-    # -- module facts --------------------------------------------------------
-
-    def visit_Module(self, node: cst.Module) -> None:
-        self._module = node
-        self._helper_call = f"{HELPER}({_cap_argument(self.options)})"
-        self._torch = _torch_alias(node)
-        stars = _star_imports(node)
-        self._star_import = bool(stars) and stars <= DATALOADER_MODULES
-        self._runs_at_import = None if _has_main_guard(node) else self._definitions_run_at_import(node)
+    @property
+    def facts(self):
+        """The module's facts (torch's alias, star imports, what runs at import), from the script model."""
+        return workers_facts(self.script)
 
     # -- the rewrite ---------------------------------------------------------
 
@@ -229,14 +218,14 @@ class Workers(Codemod):
         unless the call already sets them."""
         settings = {"num_workers": self._helper_call}
         if _argument(call, "pin_memory") is None:
-            settings["pin_memory"] = f"{self._torch or 'torch'}.cuda.is_available()"
+            settings["pin_memory"] = f"{self.facts.torch_alias or 'torch'}.cuda.is_available()"
         if _persistent_option(self.options) and _argument(call, "persistent_workers") is None:
             settings["persistent_workers"] = "True"
         return settings
 
     def _with_settings(self, call: cst.Call, settings: dict[str, str]) -> cst.Call:
         self.add_import(RUNTIME_MODULE, HELPER)
-        if "pin_memory" in settings and self._torch is None:
+        if "pin_memory" in settings and self.facts.torch_alias is None:
             self.add_import("torch")
         values = {name: cst.parse_expression(code) for name, code in settings.items()}
         existing = _argument(call, "num_workers")
@@ -252,7 +241,7 @@ class Workers(Codemod):
             return True
         # `from torch.utils.data import *` leaves the name unresolved.
         return (
-            self._star_import
+            self.facts.dataloader_from_star
             and isinstance(call.func, cst.Name)
             and call.func.value == "DataLoader"
             and not self.qualified_names(call.func)
@@ -283,38 +272,21 @@ class Workers(Codemod):
         return found
 
     def _built_while_script_runs(self, call: cst.Call) -> bool:
-        if self._runs_at_import is None:
+        run_at_import = self.facts.run_at_import
+        if run_at_import is None:
             return False
         definitions = [a for a in self.ancestors(call) if isinstance(a, (cst.FunctionDef, cst.ClassDef, cst.Lambda))]
-        return not definitions or any(d in self._runs_at_import for d in definitions)
-
-    def _definitions_run_at_import(self, module: cst.Module) -> set[cst.CSTNode]:
-        """Functions and classes of this module that its top-level code calls,
-        directly or through each other."""
-        reached: set[cst.CSTNode] = set()
-        pending: list[cst.CSTNode] = [s for s in module.body if not isinstance(s, (cst.FunctionDef, cst.ClassDef))]
-        while pending:
-            for definition in self._called_definitions(pending.pop()):
-                if definition not in reached:
-                    reached.add(definition)
-                    pending.append(definition)
-        return reached
-
-    def _called_definitions(self, node: cst.CSTNode) -> Iterator[Definition]:
-        for call in m.findall(node, m.Call(func=m.Name())):
-            for binding in self._bindings(call.func):
-                if isinstance(binding, (cst.FunctionDef, cst.ClassDef)):
-                    yield binding
+        return not definitions or any(d in run_at_import for d in definitions)
 
     def _unpicklable(self, value: cst.BaseExpression) -> Optional[str]:
         if isinstance(value, cst.Lambda):
             return "a lambda"
         if not isinstance(value, cst.Name):
             return None
-        for assignment in self._assignments(value):
-            if isinstance(assignment.node, cst.FunctionDef) and not isinstance(assignment.scope, GlobalScope):
+        for binding in self.script.bindings_of(value.value, value):
+            if binding.kind == "def" and binding.scope.kind != "module":
                 return f"`{value.value}`, a function defined inside another function"
-            if isinstance(_assigned_value(self, assignment), cst.Lambda):
+            if binding.kind == "assign" and isinstance(binding.value, cst.Lambda):
                 return f"`{value.value}`, a lambda"
         return None
 
@@ -326,7 +298,7 @@ class Workers(Codemod):
             problem = self._constructor_problem(call, made_by)
             if problem and problem not in found:
                 found.append(problem)
-        changed = self._change_after(call, dataset)
+        changed = self.facts.change_after(call, dataset)
         if changed is not None:
             line = self.get_metadata(PositionProvider, changed).start.line
             found.append(("AM106", (
@@ -346,8 +318,8 @@ class Workers(Codemod):
             ))
         if names & ITERABLE_FACTORIES or any(n.startswith(ITERABLE_FACTORY_PREFIXES) for n in names):
             return ("AM103", _iterable_message(_short_code(made_by.func)))
-        for cls in self._classes_of(made_by.func):
-            family = list(self._class_family(cls))
+        for cls in self.facts.classes_of(made_by.func):
+            family = list(self.facts.class_family(cls))
             if self._is_iterable(family) and not self._shards(family, loader):
                 return ("AM103", _iterable_message(cls.name.value))
             gpu_use = next((n for c in family for n in _gpu_uses(c)), None)
@@ -367,32 +339,11 @@ class Workers(Codemod):
         if isinstance(dataset, cst.Call):
             calls.append(dataset)
         elif isinstance(dataset, cst.Name):
-            calls.extend(b for b in self._bindings(dataset) if isinstance(b, cst.Call))
+            calls.extend(b for b in self.facts.stands_for(dataset) if isinstance(b, cst.Call))
         for call in calls:
             yield call
-            for function in self._functions_of(call.func):
-                yield from (r.value for r in m.findall(function, m.Return(value=m.Call())))
-
-    def _functions_of(self, func: cst.BaseExpression) -> list[cst.FunctionDef]:
-        if not isinstance(func, cst.Name):
-            return []
-        return [b for b in self._bindings(func) if isinstance(b, cst.FunctionDef)]
-
-    def _classes_of(self, func: cst.BaseExpression) -> list[cst.ClassDef]:
-        if not isinstance(func, cst.Name):
-            return []
-        return [b for b in self._bindings(func) if isinstance(b, cst.ClassDef)]
-
-    def _class_family(self, cls: cst.ClassDef, seen: Optional[set] = None) -> Iterator[cst.ClassDef]:
-        """The class and its base classes defined in this file."""
-        seen = seen if seen is not None else set()
-        if cls in seen:
-            return
-        seen.add(cls)
-        yield cls
-        for base in cls.bases:
-            for parent in self._classes_of(base.value):
-                yield from self._class_family(parent, seen)
+            for function in self.facts.functions_of(call.func):
+                yield from (r.value for r in walk(function) if isinstance(r, cst.Return) and isinstance(r.value, cst.Call))
 
     def _is_iterable(self, family: Sequence[cst.ClassDef]) -> bool:
         return any(self.qualified_names(base.value) & ITERABLE_BASES for cls in family for base in cls.bases)
@@ -404,104 +355,8 @@ class Workers(Codemod):
         if init is not None:
             places.append(init.value)
             if isinstance(init.value, cst.Name):
-                places.extend(self._bindings(init.value))
-        return any(self.is_call_to(c, GET_WORKER_INFO) for place in places for c in m.findall(place, m.Call()))
-
-    def _change_after(self, loader: cst.Call, dataset: cst.BaseExpression) -> Optional[cst.CSTNode]:
-        """The first method call on, or attribute set of, the dataset that may
-        run after the loader is built: through the expression that names it, or
-        through `loader.dataset`."""
-        uses = list(self._later_occurrences(dataset, loader))
-        for target in self._loader_targets(loader):
-            for occurrence in self._later_occurrences(target, loader):
-                attribute = self.parent(occurrence)
-                if m.matches(attribute, m.Attribute(attr=m.Name("dataset"))) and attribute.value is occurrence:
-                    uses.append(attribute)
-        changes = [c for c in (self._changing_use(use) for use in uses) if c is not None]
-        return min(changes, key=lambda c: _start(self, c), default=None)
-
-    def _later_occurrences(self, expression: cst.BaseExpression, loader: cst.Call) -> Iterator[cst.CSTNode]:
-        """Where `expression` (a name, or an attribute chain such as
-        `self.train_set`) occurs again, after the loader is built or in
-        another function (a method of the class may run at any time)."""
-        end = self.get_metadata(PositionProvider, loader).end
-        if isinstance(expression, cst.Name):
-            for assignment in self._assignments(expression):
-                for access in assignment.references:
-                    if isinstance(access.node, cst.Name) and _start(self, access.node) > (end.line, end.column):
-                        yield access.node
-        elif isinstance(expression, cst.Attribute) and dotted_name(expression):
-            home = _function_of(self, loader)
-            for occurrence in m.findall(self._search_area(expression, loader), m.Attribute()):
-                if occurrence.deep_equals(expression) and (
-                    _function_of(self, occurrence) is not home or _start(self, occurrence) > (end.line, end.column)
-                ):
-                    yield occurrence
-
-    def _search_area(self, chain: cst.Attribute, loader: cst.Call) -> cst.CSTNode:
-        """Where the same attribute chain means the same object: the class for
-        `self.x` in a method, else the whole module."""
-        root = chain
-        while isinstance(root, cst.Attribute):
-            root = root.value
-        function = _function_of(self, loader)
-        if function is not None and function.params.params and root.deep_equals(function.params.params[0].name):
-            owner = self.parent(self.parent(function))  # FunctionDef -> IndentedBlock -> ClassDef
-            if isinstance(owner, cst.ClassDef):
-                return owner
-        return self._module
-
-    def _loader_targets(self, loader: cst.Call) -> list[cst.BaseExpression]:
-        """`loader` in `loader = DataLoader(...)`, `self.loader` in `self.loader = DataLoader(...)`."""
-        assign = self.parent(loader)
-        if isinstance(assign, cst.Assign) and assign.value is loader:
-            return [t.target for t in assign.targets if isinstance(t.target, (cst.Name, cst.Attribute))]
-        return []
-
-    def _changing_use(self, use: cst.BaseExpression) -> Optional[cst.CSTNode]:
-        """The change, if `use` is the start of one: a method call
-        (`use.set_epoch(e)`, `use.items.append(x)`) or an assignment
-        (`use.flag = x`, `use.items[0] = x`). An item read (`use[0].to(device)`)
-        is not a change of the dataset."""
-        node, parent = use, self.parent(use)
-        through_item = False
-        while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
-            through_item = through_item or isinstance(parent, cst.Subscript)
-            node, parent = parent, self.parent(parent)
-        if node is use:
-            return None
-        if isinstance(parent, cst.Call) and parent.func is node and not through_item:
-            return parent
-        return node if self._is_assigned(node) else None
-
-    def _is_assigned(self, target: cst.CSTNode) -> bool:
-        node, parent = target, self.parent(target)
-        while isinstance(parent, (cst.Element, cst.Tuple, cst.List, cst.StarredElement)):
-            node, parent = parent, self.parent(parent)
-        if isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
-            return parent.target is node
-        return isinstance(parent, cst.Del)
-
-    # -- names -----------------------------------------------------------------
-
-    def _assignments(self, name: cst.Name) -> list[Assignment]:
-        scope = self.get_metadata(ScopeProvider, name, None)
-        if scope is None:
-            return []
-        return [a for a in scope[name.value] if isinstance(a, Assignment)]
-
-    def _bindings(self, name: cst.Name) -> list[cst.CSTNode]:
-        """What `name` may stand for: the class or function it defines, or the
-        values assigned to it."""
-        found = []
-        for assignment in self._assignments(name):
-            if isinstance(assignment.node, (cst.ClassDef, cst.FunctionDef)):
-                found.append(assignment.node)
-            else:
-                value = _assigned_value(self, assignment)
-                if value is not None:
-                    found.append(value)
-        return found
+                places.extend(self.facts.stands_for(init.value))
+        return any(self.is_call_to(c, GET_WORKER_INFO) for place in places for c in walk(place))
 
 
 def _fix_message(settings: dict[str, str]) -> str:
@@ -573,47 +428,17 @@ def _persistent_option(options) -> bool:
     raise ValueError(f"persistent must be true or false; got {raw!r}")
 
 
-def _torch_alias(module: cst.Module) -> Optional[str]:
-    """The name that a module-level `import torch` (or `import torch as th`,
-    `import torch.nn`) binds, if any."""
-    for statement in module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if not isinstance(small, cst.Import):
-                continue
-            for alias in small.names:
-                dotted = dotted_name(alias.name)
-                if alias.asname is None and (dotted == "torch" or dotted.startswith("torch.")):
-                    return "torch"
-                if alias.asname is not None and dotted == "torch" and isinstance(alias.asname.name, cst.Name):
-                    return alias.asname.name.value
-    return None
-
-
-def _star_imports(module: cst.Module) -> set[str]:
-    found = set()
-    for statement in module.body:
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar) and small.module:
-                    found.add(dotted_name(small.module))
-    return found
-
-
-def _has_main_guard(module: cst.Module) -> bool:
-    """A module-level `if __name__ == "__main__":` (either way round)."""
-    return any(isinstance(s, cst.If) and is_main_guard(s.test) for s in module.body)
-
-
 def _gpu_uses(cls: cst.ClassDef) -> Iterable[cst.Call]:
     """Calls in the class that put a tensor on a GPU: `.cuda()`, `.to("cuda")`,
     `.to(device)`, `device=...` other than the CPU."""
-    for call in m.findall(cls, m.Call()):
+    for call in walk(cls):
+        if not isinstance(call, cst.Call):
+            continue
         func = call.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
+        method = func.attr.value if isinstance(func, cst.Attribute) else None
+        if method == "cuda":
             yield call
-        elif m.matches(func, m.Attribute(attr=m.Name("to"))) and call.args and _names_gpu(call.args[0].value):
+        elif method == "to" and call.args and _names_gpu(call.args[0].value):
             yield call
         elif any(a.keyword is not None and a.keyword.value == "device" and _names_gpu(a.value) for a in call.args):
             yield call
@@ -625,28 +450,6 @@ def _names_gpu(value: cst.BaseExpression) -> bool:
         return str(value.evaluated_value).startswith("cuda")
     name = dotted_name(value).rsplit(".", 1)[-1].lower()
     return "device" in name or "cuda" in name or "gpu" in name
-
-
-def _assigned_value(codemod: Codemod, assignment: Assignment) -> Optional[cst.BaseExpression]:
-    """`value` in `name = value` (also `x = name = value`), for the name the
-    assignment binds; None for other kinds of binding."""
-    target = assignment.node
-    parent = codemod.parent(target)
-    if isinstance(parent, cst.AssignTarget):
-        assign = codemod.parent(parent)
-        return assign.value if isinstance(assign, cst.Assign) else None
-    if isinstance(parent, cst.AnnAssign) and parent.target is target:
-        return parent.value
-    return None
-
-
-def _function_of(codemod: Codemod, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
-    return next((a for a in codemod.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
-
-
-def _start(codemod: Codemod, node: cst.CSTNode) -> tuple[int, int]:
-    position = codemod.get_metadata(PositionProvider, node).start
-    return (position.line, position.column)
 
 
 def _change_code(change: cst.CSTNode) -> str:

@@ -15,9 +15,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import libcst as cst
 import pytest
+from libcst.codemod import CodemodContext
+from libcst.metadata import MetadataWrapper
 
 from accelmigrate.codemods import UnknownCodemod, find
+from accelmigrate.codemods.workers import Workers
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime import data
 
@@ -29,6 +33,15 @@ SLURM_ENV = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS_PER_
 
 def migrate(source: str, **options):
     return migrate_source(textwrap.dedent(source), [("workers", options)], "train.py")
+
+
+def workers_alone(source: str) -> list:
+    """The findings of the workers codemod run without the main guard it
+    requires: what it reports of a flat script on its own (AM104)."""
+    wrapper = MetadataWrapper(cst.parse_module(textwrap.dedent(source)), unsafe_skip_copy=True)
+    codemod = Workers(CodemodContext(filename="train.py", wrapper=wrapper))
+    wrapper.visit(codemod)
+    return codemod.findings
 
 
 def codes(migration):
@@ -241,7 +254,7 @@ def test_messages_say_what_to_do():
 
 
 def test_a_function_called_by_top_level_code_runs_at_import():
-    migration = migrate("""
+    migration = workers_alone("""
         from torch.utils.data import DataLoader
 
         def loaders(dataset):
@@ -256,7 +269,7 @@ def test_a_function_called_by_top_level_code_runs_at_import():
 
         train([1, 2, 3])
     """)
-    assert [(f.line, f.code) for f in migration.findings] == [(5, "AM104"), (12, "AM101")]
+    assert [(f.line, f.code) for f in migration] == [(5, "AM104"), (12, "AM101")]
 
 
 def test_user_pin_memory_and_torch_alias():
@@ -428,3 +441,57 @@ def test_persistent_workers_change_later_epochs_as_documented(tmp_path):
     first_epoch = lines_starting(original_run.stdout, "epoch 0 ")
     assert first_epoch and lines_starting(migrated_run.stdout, "epoch 0 ") == first_epoch
     assert lines_starting(migrated_run.stdout, "final loss: ") != lines_starting(original_run.stdout, "final loss: ")
+
+
+def test_a_class_called_at_import_runs_every_method():
+    # `Trainer().fit()`: the class runs, so does `fit`, and `make` with it. The
+    # main guard (which workers requires) is not added here, so AM104 stays.
+    migration = migrate("""
+        from torch.utils.data import DataLoader
+
+        def make(dataset):
+            return DataLoader(dataset)
+
+        class Trainer:
+            def fit(self):
+                self.loader = make([1, 2])
+
+        Trainer().fit()
+    """)
+    assert [(f.line, f.code) for f in migration.findings] == [(5, "AM104")]
+
+
+def test_a_method_called_through_an_instance_runs_at_import():
+    migration = workers_alone("""
+        from torch.utils.data import DataLoader
+
+        class Trainer:
+            def __init__(self, dataset):
+                self.dataset = dataset
+
+            def fit(self):
+                self.loader = DataLoader(self.dataset)
+
+        def never_called(dataset):
+            return DataLoader(dataset)
+
+        trainer = Trainer([1, 2])
+        trainer.fit()
+    """)
+    assert [(f.line, f.code) for f in migration] == [(9, "AM104"), (12, "AM101")]
+
+
+def test_torch_imported_only_under_a_condition_is_imported_again():
+    migration = migrate("""
+        from typing import TYPE_CHECKING
+        if TYPE_CHECKING:
+            import torch
+        from torch.utils.data import DataLoader
+
+        def main():
+            return DataLoader([1, 2])
+
+        if __name__ == "__main__":
+            main()
+    """)
+    assert "\nimport torch\n" in migration.code and "pin_memory=torch.cuda.is_available()" in migration.code

@@ -1,0 +1,1 @@
+"""The parts of the `item` codemod (codemods/item.py): its analysis and vocabulary."""

@@ -1,0 +1,238 @@
+"""What the `workers` codemod reads from a script beyond the shared model:
+the name a module-level `import torch` binds, whether `DataLoader` may come
+from a star import of torch's data package, which definitions run when the
+file is imported (for a file without a main guard), what a name may stand
+for, a class with its bases defined in the file, and the first change made
+to a dataset after its loader is built.
+
+`workers_facts(model)` computes the module-wide facts once per model, from
+the model's scopes and entry point (no walk of the whole tree).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterator, Optional
+
+import libcst as cst
+
+from .._base import dotted_name
+from .ddp_facts import uses_of
+from .model import ScriptModel
+from .vocabulary import DATALOADER_MODULES
+
+_cache: "weakref.WeakKeyDictionary[ScriptModel, WorkersFacts]" = weakref.WeakKeyDictionary()
+
+
+def workers_facts(model: ScriptModel) -> "WorkersFacts":
+    found = _cache.get(model)
+    if found is None:
+        found = _cache[model] = WorkersFacts(model)
+    return found
+
+
+class WorkersFacts:
+    def __init__(self, model: ScriptModel) -> None:
+        self.model = model
+        self.torch_alias = _torch_alias(model)
+        stars = set(model.star_imports)
+        # `from torch.utils.data import *` and no other star import: an unresolved `DataLoader` is torch's
+        self.dataloader_from_star = bool(stars) and stars <= DATALOADER_MODULES
+        # None: the file has a main guard, so nothing it defines runs when a worker imports it
+        self.run_at_import: Optional[set] = None if model.entry.main_guard is not None else _run_at_import(model)
+
+    def stands_for(self, name: cst.Name) -> list[cst.CSTNode]:
+        """What `name` may stand for where it is used: the class or function it
+        defines, or the values plainly assigned to it (`x = y = value` too)."""
+        found: list[cst.CSTNode] = []
+        for binding in self.model.bindings_of(name.value, name):
+            if binding.kind in ("def", "class"):
+                found.append(binding.node)
+            elif binding.kind == "assign" and binding.value is not None and isinstance(binding.node, cst.Name):
+                found.append(binding.value)
+        return found
+
+    def classes_of(self, func: cst.BaseExpression) -> list[cst.ClassDef]:
+        if not isinstance(func, cst.Name):
+            return []
+        return [b for b in self.stands_for(func) if isinstance(b, cst.ClassDef)]
+
+    def functions_of(self, func: cst.BaseExpression) -> list[cst.FunctionDef]:
+        if not isinstance(func, cst.Name):
+            return []
+        return [b for b in self.stands_for(func) if isinstance(b, cst.FunctionDef)]
+
+    def class_family(self, klass: cst.ClassDef, seen: Optional[set] = None) -> Iterator[cst.ClassDef]:
+        """The class and its base classes defined in this file."""
+        seen = seen if seen is not None else set()
+        if klass in seen:
+            return
+        seen.add(klass)
+        yield klass
+        for base in klass.bases:
+            for parent in self.classes_of(base.value):
+                yield from self.class_family(parent, seen)
+
+    # -- AM106: the dataset changed after its loader is built -----------------------------
+
+    def change_after(self, loader: cst.Call, dataset: cst.BaseExpression) -> Optional[cst.CSTNode]:
+        """The first method call on, or attribute set of, the dataset that may
+        run after the loader is built: through the expression that names it, or
+        through `loader.dataset`."""
+        uses = list(self._later_occurrences(dataset, loader))
+        for target in self._loader_targets(loader):
+            for occurrence in self._later_occurrences(target, loader):
+                attribute = self.model.parent(occurrence)
+                if (
+                    isinstance(attribute, cst.Attribute)
+                    and attribute.attr.value == "dataset"
+                    and attribute.value is occurrence
+                ):
+                    uses.append(attribute)
+        order = self.model.index.order  # a change starts where its use does
+        changes = [(order[use], change) for use in uses for change in [self._changing_use(use)] if change is not None]
+        return min(changes, key=lambda pair: pair[0])[1] if changes else None
+
+    def _later_occurrences(self, expression: cst.BaseExpression, loader: cst.Call) -> Iterator[cst.CSTNode]:
+        """Where `expression` (a name, or an attribute chain such as
+        `self.train_set`) occurs again, after the loader is built or in
+        another function (a method of the class may run at any time)."""
+        if isinstance(expression, cst.Name):
+            index = self.model.index
+            home = index.home_of(expression.value, index.scope_of(expression))
+            if home is not None:
+                yield from (n for n in uses_of(self.model).reads(expression.value, home) if self._after(n, loader))
+        elif isinstance(expression, cst.Attribute) and dotted_name(expression):
+            home = self._function_of(loader)
+            for occurrence in self._occurrences_of_chain(expression, self._search_area(expression, loader)):
+                if self._function_of(occurrence) is not home or self._after(occurrence, loader):
+                    yield occurrence
+
+    def _occurrences_of_chain(self, chain: cst.Attribute, area: Optional[cst.ClassDef]) -> Iterator[cst.Attribute]:
+        """The attribute chains spelled like `chain` in `area` (None: the module)."""
+        root, depth = chain, 0
+        while isinstance(root, cst.Attribute):
+            root, depth = root.value, depth + 1
+        for name in uses_of(self.model).names.get(root.value, ()):
+            occurrence = name
+            for _ in range(depth):
+                parent = self.model.parent(occurrence)
+                occurrence = parent if isinstance(parent, cst.Attribute) and parent.value is occurrence else None
+                if occurrence is None:
+                    break
+            if (
+                occurrence is not None
+                and occurrence.deep_equals(chain)
+                and (area is None or any(a is area for a in self.model.ancestors(occurrence)))
+            ):
+                yield occurrence
+
+    def _after(self, node: cst.CSTNode, loader: cst.Call) -> bool:
+        """Does `node` come after the whole loader call in the source?"""
+        order = self.model.index.order
+        return order[node] > order[loader] and not any(a is loader for a in self.model.ancestors(node))
+
+    def _function_of(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
+        return next((a for a in self.model.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+    def _search_area(self, chain: cst.Attribute, loader: cst.Call) -> Optional[cst.ClassDef]:
+        """Where the same attribute chain means the same object: the class for
+        `self.x` in a method, else (None) the whole module."""
+        root = chain
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        function = self._function_of(loader)
+        if function is not None and function.params.params and root.deep_equals(function.params.params[0].name):
+            owner = self.model.parent(self.model.parent(function))  # FunctionDef -> IndentedBlock -> ClassDef
+            if isinstance(owner, cst.ClassDef):
+                return owner
+        return None
+
+    def _loader_targets(self, loader: cst.Call) -> list[cst.BaseExpression]:
+        """`loader` in `loader = DataLoader(...)`, `self.loader` in `self.loader = DataLoader(...)`."""
+        assign = self.model.parent(loader)
+        if isinstance(assign, cst.Assign) and assign.value is loader:
+            return [t.target for t in assign.targets if isinstance(t.target, (cst.Name, cst.Attribute))]
+        return []
+
+    def _changing_use(self, use: cst.BaseExpression) -> Optional[cst.CSTNode]:
+        """The change, if `use` is the start of one: a method call
+        (`use.set_epoch(e)`, `use.items.append(x)`) or an assignment
+        (`use.flag = x`, `use.items[0] = x`). An item read (`use[0].to(device)`)
+        is not a change of the dataset."""
+        node, parent = use, self.model.parent(use)
+        through_item = False
+        while isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
+            through_item = through_item or isinstance(parent, cst.Subscript)
+            node, parent = parent, self.model.parent(parent)
+        if node is use:
+            return None
+        if isinstance(parent, cst.Call) and parent.func is node and not through_item:
+            return parent
+        return node if self._is_assigned(node) else None
+
+    def _is_assigned(self, target: cst.CSTNode) -> bool:
+        node, parent = target, self.model.parent(target)
+        while isinstance(parent, (cst.Element, cst.Tuple, cst.List, cst.StarredElement)):
+            node, parent = parent, self.model.parent(parent)
+        if isinstance(parent, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+            return parent.target is node
+        return isinstance(parent, cst.Del)
+
+
+def _torch_alias(model: ScriptModel) -> Optional[str]:
+    """The name that a module-level `import torch` (or `import torch as th`,
+    `import torch.nn`) binds, if any: only a statement of the module's own
+    body, which always runs (not one under `if TYPE_CHECKING:` or `try:`)."""
+    imports = [
+        binding
+        for bindings in model.module_scope.bindings.values()
+        for binding in bindings
+        if binding.kind == "import"
+        and binding.qualified == "torch"
+        and isinstance(binding.statement, cst.Import)
+        and model.parent(model.parent(binding.statement)) is model.module
+    ]
+    first = min(imports, key=lambda b: model.index.order[b.statement], default=None)
+    return first.name if first is not None else None
+
+
+def _run_at_import(model: ScriptModel) -> set:
+    """The functions and classes of the file that module-level code runs,
+    directly or through one another. A class that is called counts with every
+    method (`Trainer().fit()` runs `fit` too, with or without an `__init__`)."""
+    flow = model.flow
+    inner: dict = {}  # scope -> the lambdas and comprehensions whose code runs as part of it
+    for scope in model.scopes:
+        if scope.kind in ("lambda", "comprehension") and scope.parent is not None:
+            inner.setdefault(scope.parent, []).append(scope)
+    names = set(model.entry.runs_at_import)
+    pending: list = [model.module_scope, *(f.scope for f in model.functions if f.name in names)]
+    seen: set = set()
+    while pending:
+        scope = pending.pop()
+        if scope in seen:
+            continue
+        seen.add(scope)
+        pending.extend(inner.get(scope, ()))
+        if scope.kind == "class":
+            pending.extend(
+                flow.functions[b.node].scope for bs in scope.bindings.values() for b in bs if b.node in flow.functions
+            )
+        elif scope.enclosing_class is not None:
+            pending.append(scope.enclosing_class)
+        for call in scope.calls:
+            pending.extend(_called_classes(model, call))
+            found = flow.callee(call, scope)
+            if found is not None:
+                pending.append(found[0].scope)
+    return {s.node for s in seen if s.kind in ("function", "class")}
+
+
+def _called_classes(model: ScriptModel, call: cst.Call) -> list:
+    if not isinstance(call.func, cst.Name):
+        return []
+    return [model.index.scope_by_node[b.node] for b in model.bindings_of(call.func.value, call) if b.kind == "class"]
+
+
+__all__ = ["WorkersFacts", "workers_facts"]
