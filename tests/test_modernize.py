@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from accelmigrate.codemods import modernize
+from accelmigrate.codemods._modernize import init_names, loss_arguments
 from accelmigrate.engine import migrate_source
 
 from conftest import FIXTURES, SCRIPTS, run_python
@@ -185,7 +185,7 @@ def test_reduction_table_is_torchs(size_average, reduce):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = _reduction.legacy_get_string(size_average, reduce)
-    assert modernize._legacy_reduction(size_average, reduce) == expected
+    assert loss_arguments._legacy_reduction(size_average, reduce) == expected
 
 
 def test_loss_signatures_match_the_installed_torch():
@@ -193,15 +193,15 @@ def test_loss_signatures_match_the_installed_torch():
         names = list(inspect.signature(callable_).parameters)
         return min(names.index(n) for n in ("size_average", "reduce", "reduction") if n in names)
 
-    for name, count in modernize.FUNCTIONAL_LOSSES.items():
+    for name, count in loss_arguments.FUNCTIONAL_LOSSES.items():
         assert leading(getattr(torch.nn.functional, name)) == count, name
-    for name, count in modernize.LOSS_CLASSES.items():
+    for name, count in loss_arguments.LOSS_CLASSES.items():
         assert leading(getattr(torch.nn, name)) == count, name
 
 
 def test_deprecated_initialisers_are_torchs_aliases():
     source = inspect.getsource(torch.nn.init)
-    for name in modernize.DEPRECATED_INIT:
+    for name in init_names.DEPRECATED_INIT:
         assert f"{name} = _make_deprecate({name}_)" in source, name
     weight = torch.empty(3, 3)
     with pytest.warns(FutureWarning, match="xavier_uniform_"):

@@ -235,12 +235,12 @@ def _does_work(statement: cst.CSTNode) -> bool:
         if all(isinstance(s, (cst.Assign, cst.AnnAssign, cst.Import, cst.ImportFrom)) for s in statement.body):
             return any(isinstance(n, cst.Call) for n in walk(statement))
         return True
-    if isinstance(statement, cst.Try) and _only_imports(statement):
+    if isinstance(statement, cst.Try) and only_imports(statement):
         return False  # `try: import apex / except ImportError: ...`
     return True
 
 
-def _only_imports(statement: cst.Try) -> bool:
+def only_imports(statement: cst.Try) -> bool:
     body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
     return bool(body) and all(
         isinstance(line, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in line.body)

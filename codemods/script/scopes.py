@@ -288,7 +288,7 @@ class _Walker:
         return _split(node, inner, scope, (node.body, None if is_class else node.params))
 
     def _parameters(self, params: cst.Parameters, inner: Scope) -> None:
-        for param in _all_params(params):
+        for param in all_params(params):
             inner.bind(Binding(param.name.value, "param", param, inner, value=param.default, statement=param))
 
     def _target(self, target: cst.CSTNode, scope: Scope, kind: str, value, statement: cst.CSTNode) -> None:
@@ -341,7 +341,7 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return children
 
 
-def _all_params(params: cst.Parameters) -> list[cst.Param]:
+def all_params(params: cst.Parameters) -> list[cst.Param]:
     found = [*params.posonly_params, *params.params, *params.kwonly_params]
     for star in (params.star_arg, params.star_kwarg):
         if isinstance(star, cst.Param):
@@ -351,7 +351,7 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
 
 def parameter_names(function: cst.FunctionDef) -> list[str]:
     """The names a function receives, in order (`*args`, `**kwargs` included)."""
-    return [p.name.value for p in _all_params(function.params)]
+    return [p.name.value for p in all_params(function.params)]
 
 
 def positional_parameters(function: cst.FunctionDef) -> list[str]:
