@@ -68,19 +68,7 @@ import libcst as cst
 from ._base import code_of
 from ._ddp.queries import ScriptNames
 from ._item.analysis import Analysis
-from ._item.syntax import (  # noqa: F401  (the syntax helpers are also read by `modernize`)
-    AUTOGRAD_ATTRIBUTES,
-    DETACHING_METHODS,
-    REDUCTIONS,
-    SAME_VALUE_METHODS,
-    Expression,
-    Need,
-    Store,
-    Verdict,
-    is_number_literal,
-    method_name,
-    positional_args,
-)
+from ._item.syntax import Expression, Need, Store, Verdict
 from .script.item_facts import item_facts
 
 

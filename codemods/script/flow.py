@@ -252,4 +252,4 @@ def calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
     return (n for n in walk(node, into_definitions=False) if isinstance(n, cst.Call))
 
 
-__all__ = ["CallSite", "EntryPoint", "Flow", "Function", "calls_in"]
+__all__ = ["CallSite", "EntryPoint", "Flow", "Function", "calls_in", "only_imports"]

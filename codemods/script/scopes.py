@@ -358,4 +358,4 @@ def positional_parameters(function: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
 
 
-__all__ = ["BUILTINS", "Binding", "Index", "Lines", "Scope", "children", "parameter_names", "positional_parameters"]
+__all__ = ["BUILTINS", "Binding", "Index", "Lines", "Scope", "all_params", "children", "parameter_names", "positional_parameters"]
