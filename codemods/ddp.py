@@ -10,12 +10,17 @@ What it does
       (`init_distributed()`: torchrun's or SLURM's environment, nccl on CUDA
       and gloo on CPU, the rank's GPU made current; torn down at exit,
       after an exception too; a world of one joins nothing);
-    - wraps the model in `DistributedDataParallel` once it is on its device:
-      in place of `nn.DataParallel`, or else the model whose parameters the
-      optimizer trains, at the binding that training calls (an optimizer
-      built in a factory from its parameter gets the model wrapped where
-      the factory is called) (only when there is a process group, so a
-      world of one runs the bare model);
+    - wraps each trained model in `DistributedDataParallel` once it is on
+      its device: in place of `nn.DataParallel`, or else each model whose
+      parameters an optimizer trains (a GAN's generator and discriminator
+      alike), at the binding that training calls (an optimizer built in a
+      factory from its parameter gets the model wrapped where the factory is
+      called) (only when there is a process group, so a world of one runs
+      the bare model). Where several models train and one of them is called
+      more than once per step (a discriminator on real and fake batches),
+      that one gets `broadcast_buffers=False`: DDP would otherwise overwrite
+      its BatchNorm statistics in place between forwards that autograd still
+      needs; each rank keeps its own statistics, the parameters stay equal;
     - gives each training DataLoader a `SeededDistributedSampler` (the
       runtime's DistributedSampler) that carries its old `shuffle=` (and
       `generator=`): in a world of one it shuffles exactly as `shuffle=True`
@@ -76,8 +81,9 @@ Example
             torch.save(unwrap_model(model).state_dict(), "model.pt")
 
 Left alone (a finding says what to do by hand)
-    Scripts that already set up torch.distributed; several models (GANs, an
-    optimizer over two models); no `backward()` (no training loop) or no
+    Scripts that already set up torch.distributed; several models in
+    DataParallel where one of them no optimizer trains (an inference-only
+    teacher: drop its DataParallel first); no `backward()` (no training loop) or no
     optimizer over a model's parameters; a model trained through its own
     methods (`model.encode(x)`: DDP synchronises gradients only through
     `model(...)`), rebound or moved after the wrap, returned from a
@@ -138,7 +144,7 @@ def _batch_mode(options) -> str:
 class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, ProcessGroupEntry):
     word = "ddp"
     summary = "DataParallel or one process -> DistributedDataParallel, DistributedSampler, rank-0 output"
-    requires = ("device",)
+    requires = ("device", "main-guard")
     codes = {
         "AM501": "process group joined at the start of the entry point",
         "AM502": "DataParallel replaced by DistributedDataParallel",
@@ -150,7 +156,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM508": "state_dict of the unwrapped model (no `module.` prefix)",
         "AM509": "--local_rank defaults to LOCAL_RANK",
         "AM510": "learning rate scaled by the world size (per-process batch)",
-        "AM520": "several models, or a model that cannot be wrapped safely",
+        "AM520": "a model that cannot be wrapped safely",
         "AM521": "training loop or epoch loop not found",
         "AM522": "DataLoader with a custom sampler",
         "AM523": "DataLoader whose batch size or arguments cannot be seen",
@@ -219,15 +225,16 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
                     "DistributedDataParallel and give the training DataLoader a DistributedSampler by hand",
                 )
             return
-        model = None
+        models = []
         wrapped_before = self._calls_to(v.DISTRIBUTED_DATA_PARALLEL)  # migrated before
         if not wrapped_before:
-            model = self._plan_model()
+            models = self._plan_models()
         self._plan_loaders()
-        if model is not None:
-            self._plan_model_references(model, had_data_parallel=bool(self._calls_to(v.DATA_PARALLEL)))
+        had_data_parallel = bool(self._calls_to(v.DATA_PARALLEL))
+        for model in models:
+            self._plan_model_references(model, had_data_parallel=had_data_parallel)
         self._plan_learning_rates()
-        self._plan_rank_zero_output(model or self._var_wrapped_by(wrapped_before))
+        self._plan_rank_zero_output(models or self._vars_wrapped_by(wrapped_before))
         self._plan_init()
 
     def _step(self, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None], core: bool = False) -> None:

@@ -17,7 +17,11 @@
   ddp_checkpoint_reload.py (rank 0 writes a checkpoint that every rank reads
   back, and a scratch file it removes) and ddp_seeded_shuffle.py (a seeded
   shuffle with dropout, whose migration prints exactly the original's losses
-  under plain `python`).
+  under plain `python`);
+- flat scripts (no main guard): ddp_plain_flat.py, one model without
+  DataParallel, launched without `--force`, saves the one-process weights;
+  gan_tutorial.py, with and without BatchNorm, wraps both models, prints and
+  saves once without `module.` keys, and its ranks end equal.
 
 All launches of this module start together, once (they cost seconds each).
 """
@@ -550,3 +554,70 @@ def test_sampler_shuffles_alike_on_every_rank_from_rank_zero_seeding(runs):
         first, second = reports[0]["epochs"][epoch], reports[1]["epochs"][epoch]
         assert not set(first) & set(second) and set(first) | set(second) == set(range(20))
     assert reports[0]["epochs"][0] != reports[0]["epochs"][1]
+
+
+# -- flat scripts: one plain model, and a GAN of two ------------------------------------
+
+GAN_EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def flat_runs(tmp_path_factory):
+    """Flat scripts (no main guard) migrated with `--to ddp` and launched on
+    two processes: ddp_plain_flat.py without `--force` (the migrated script
+    joins the group itself), gan_tutorial.py with and without BatchNorm under
+    the weights watcher."""
+    work = tmp_path_factory.mktemp("flat")
+    plain, gan = _migrated(work, "ddp_plain_flat.py"), _migrated(work, "gan_tutorial.py")
+    names = ("plain-original", "plain-ddp", "gan", "gan-batchnorm")
+    folders = {name: work / name for name in names}
+    for folder in folders.values():
+        folder.mkdir()
+    python, env = sys.executable, _cpu_env()
+    two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2"]
+
+    def watched_gan(name: str, *flags: str) -> list[str]:
+        folder = str(folders[name])
+        return [*two, "--force", str(RANK_WEIGHTS), "--", folder, str(gan), "--out", folder, "--epochs", str(GAN_EPOCHS), *flags]
+
+    launches = {
+        "plain-original": Launch(work, "plain-original", [python, str(SCRIPTS / "ddp_plain_flat.py"), str(folders["plain-original"])], env, work),
+        "plain-ddp": Launch(work, "plain-ddp", [*two, str(plain), "--", str(folders["plain-ddp"])], env, work),
+        "gan": Launch(work, "gan", watched_gan("gan"), env, work),
+        "gan-batchnorm": Launch(work, "gan-batchnorm", watched_gan("gan-batchnorm", "--batchnorm"), env, work),
+    }
+    return {name: launch.wait() for name, launch in launches.items()}, folders, gan
+
+
+@pytest.mark.slow
+def test_plain_flat_script_on_two_processes_ends_with_the_one_process_weights(flat_runs):
+    launches, folders, _ = flat_runs
+    for name in ("plain-original", "plain-ddp"):
+        assert launches[name].returncode == 0, launches[name].describe()
+    assert len(_epoch_lines(launches["plain-ddp"].stdout)) == 4, "each epoch line printed once"
+    original = torch.load(folders["plain-original"] / "plain.pt")
+    migrated = torch.load(folders["plain-ddp"] / "plain.pt")
+    assert _largest_difference(original, migrated) <= ONE_PROCESS_TOLERANCE
+
+
+def test_flat_gan_wraps_both_models_the_discriminator_with_local_buffers():
+    source = (SCRIPTS / "gan_tutorial.py").read_text()
+    code = migrate_source(source, [("ddp", {})], "gan_tutorial.py").code
+    assert "netG = DistributedDataParallel(netG, device_ids=ddp_device_ids(netG))\n" in code
+    assert "netD = DistributedDataParallel(netD, device_ids=ddp_device_ids(netD), broadcast_buffers=False)\n" in code
+    assert 'unwrap_model(netG).state_dict(), "discriminator": unwrap_model(netD).state_dict()' in code
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gan", "gan-batchnorm"])
+def test_flat_gan_on_two_processes_keeps_ranks_equal_and_saves_once(flat_runs, name):
+    launches, folders, migrated = flat_runs
+    assert "if __name__ == \"__main__\":\n    init_distributed()" in migrated.read_text()
+    _assert_ranks_agree(launches[name], folders[name])
+    assert len(_epoch_lines(launches[name].stdout)) == GAN_EPOCHS, "each epoch line printed once"
+    (checkpoint,) = folders[name].glob("gan*.pt")
+    saved = torch.load(checkpoint)
+    assert sorted(saved) == ["discriminator", "generator"]
+    assert all(not key.startswith("module.") for state in saved.values() for key in state)
+    has_running_stats = any(key.endswith("running_mean") for key in saved["discriminator"])
+    assert has_running_stats == (name == "gan-batchnorm")

@@ -57,10 +57,10 @@ REMOVED_PATH = {"os.remove": ("path", 0), "os.unlink": ("path", 0)}
 class RankZeroOutput(ScriptQueries):
     """Plans the rank-0 guards, hidden bars and barriers."""
 
-    def _plan_rank_zero_output(self, model: Optional[Var]) -> None:
+    def _plan_rank_zero_output(self, models: list[Var]) -> None:
         loggers = self._logger_references()
-        # Where the model is called under any name: its forward may broadcast buffers.
-        self._model_references = {r for r, _ in self._followed_references(model)} if model is not None else set()
+        # Where a model is called under any name: its forward may broadcast buffers.
+        self._model_references = {r for model in models for r, _ in self._followed_references(model)}
         rank_zero_writes: list[cst.CSTNode] = []
         for node in self._uses.calls:
             if self.is_call_to(node, TQDM):

@@ -31,40 +31,58 @@ UNWRAP_API = frozenset(
     {"state_dict", "load_state_dict", "named_parameters", "named_buffers", "named_modules", "named_children"}
 )
 MOVES = frozenset({"to", "cuda"})
+LOCAL_BUFFERS_NOTE = (
+    "; `broadcast_buffers=False`: it runs several forwards per step, so each rank keeps its own BatchNorm "
+    "statistics (the parameters stay equal; rank 0's are saved)"
+)
 
 
 class ModelWrapping(ScriptQueries):
     """Plans the wrap and the unwrapping reads."""
 
-    def _var_wrapped_by(self, calls: list[cst.Call]) -> Optional[Var]:
-        """`model` of an existing `model = DistributedDataParallel(model, ...)`."""
+    def _vars_wrapped_by(self, calls: list[cst.Call]) -> list[Var]:
+        """`model` of each existing `model = DistributedDataParallel(model, ...)`."""
+        found: list[Var] = []
         for call in calls:
             assign = self.parent(call)
             if isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1:
-                return self._target_var(assign.targets[0].target)
-        return None
+                var = self._target_var(assign.targets[0].target)
+                if var is not None and var not in found:
+                    found.append(var)
+        return found
 
-    def _plan_model(self) -> Var:
-        """Plan wrapping the model in DistributedDataParallel; the variable that holds it."""
+    def _plan_models(self) -> list[Var]:
+        """Plan wrapping the trained models in DistributedDataParallel; the variables that hold them."""
         wrappers = self._calls_to(v.DATA_PARALLEL)
-        if len(wrappers) > 1:
-            raise CannotMigrate(
-                wrappers[1], "AM520",
-                "several models are wrapped in DataParallel: ddp changed nothing; wrap each in "
-                "DistributedDataParallel by hand once it is on its device, give the training DataLoaders a "
-                "DistributedSampler, and print and save on rank 0 only",
-            )
-        if wrappers:
-            model, anchor, apply = self._plan_data_parallel(wrappers[0])
-            node, code = wrappers[0], "AM502"
-            message = f"`DataParallel` -> `DistributedDataParallel` for `{model.code}` once it is on its device (only when launched on several processes)"
-            dropped = [keyword_of(a) or "a positional argument" for a in wrappers[0].args[1:]]
-            if dropped:
-                message += f"; its {', '.join(dropped)} dropped: each process computes on its own device"
-        else:
-            model, anchor, node, apply = self._plan_bare_model()
-            code = "AM503"
-            message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
+        if not wrappers:
+            return self._plan_bare_models()
+        trained = {var for optimizer in self._optimizer_calls() for var in self._models_trained_by(optimizer)}
+        planned = []
+        for call in wrappers:
+            _, _, model = self._wrapper_assignment(call)
+            if len(wrappers) > 1 and model not in trained:
+                raise CannotMigrate(
+                    call, "AM520",
+                    f"several models are wrapped in DataParallel and no optimizer here trains `{model.code}`: ddp changed "
+                    f"nothing; drop its DataParallel if it only runs inference (or wrap it in DistributedDataParallel by "
+                    f"hand if it trains), then run ddp again",
+                )
+            planned.append((call, model))
+        return [self._plan_data_parallel_step(call, model, several=len(wrappers) > 1) for call, model in planned]
+
+    def _plan_data_parallel_step(self, call: cst.Call, model: Var, several: bool) -> Var:
+        local_buffers = several and self._training_calls(model) > 1
+        model, anchor, apply = self._plan_data_parallel(call, local_buffers)
+        message = f"`DataParallel` -> `DistributedDataParallel` for `{model.code}` once it is on its device (only when launched on several processes)"
+        dropped = [keyword_of(a) or "a positional argument" for a in call.args[1:]]
+        if dropped:
+            message += f"; its {', '.join(dropped)} dropped: each process computes on its own device"
+        if local_buffers:
+            message += LOCAL_BUFFERS_NOTE
+        self._plan_wrap_step(model, anchor, call, "AM502", message, apply)
+        return model
+
+    def _plan_wrap_step(self, model: Var, anchor: cst.CSTNode, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None]) -> None:
         self._check_model_uses(model, anchor)
 
         def wrap() -> None:
@@ -72,13 +90,13 @@ class ModelWrapping(ScriptQueries):
             apply()
 
         self._step(node, code, message, wrap, core=True)
-        return model
 
-    def _ddp_wrap(self, model: Var, trailing: Optional[cst.TrailingWhitespace] = None) -> cst.If:
+    def _ddp_wrap(self, model: Var, trailing: Optional[cst.TrailingWhitespace] = None, local_buffers: bool = False) -> cst.If:
         target = model.code
         nl, indent = self._module.default_newline, self._module.default_indent
+        buffers = ", broadcast_buffers=False" if local_buffers else ""
         statement = cst.parse_statement(
-            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target})){nl}",
+            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target}){buffers}){nl}",
             config=self._config,
         )
         if trailing is not None and trailing.comment is not None:
@@ -86,7 +104,7 @@ class ModelWrapping(ScriptQueries):
             statement = statement.with_changes(body=statement.body.with_changes(body=[inner]))
         return statement
 
-    def _plan_data_parallel(self, call: cst.Call) -> tuple[Var, cst.CSTNode, Callable[[], None]]:
+    def _plan_data_parallel(self, call: cst.Call, local_buffers: bool) -> tuple[Var, cst.CSTNode, Callable[[], None]]:
         line, assign, model = self._wrapper_assignment(call)
         inner = first_positional(call)
         if inner is None:
@@ -102,7 +120,7 @@ class ModelWrapping(ScriptQueries):
                 "after the model is on its device",
             )
         anchor = self._after_moves(anchor, model)
-        wrap = self._ddp_wrap(model, line.trailing_whitespace if rebinds_itself else None)
+        wrap = self._ddp_wrap(model, line.trailing_whitespace if rebinds_itself else None, local_buffers)
         if rebinds_itself:  # the comments about the DataParallel line now describe the wrap
             wrap = wrap.with_changes(leading_lines=[l for l in line.leading_lines if l.comment is not None])
         imported = self._from_import(call.func)
@@ -213,8 +231,9 @@ class ModelWrapping(ScriptQueries):
             and self._var_of(value.func.value) == model
         )
 
-    def _plan_bare_model(self) -> tuple[Var, cst.CSTNode, cst.CSTNode, Callable[[], None]]:
-        """No DataParallel: the one model whose parameters the optimizers train."""
+    def _plan_bare_models(self) -> list[Var]:
+        """No DataParallel: each model whose parameters an optimizer trains (one, or
+        several as in a GAN: a generator and a discriminator, each with its optimizer)."""
         optimizers = self._optimizer_calls()
         models: dict[Var, cst.Call] = {}
         for optimizer in optimizers:
@@ -228,18 +247,30 @@ class ModelWrapping(ScriptQueries):
                 "model is on its device, add `if is_distributed(): model = DistributedDataParallel(model, "
                 "device_ids=ddp_device_ids(model))`, then run ddp again",
             )
-        if len(models) > 1:
-            names = ", ".join(f"`{var.code}`" for var in models)
+        planned = [self._plan_bare_model(model, optimizer, several=len(models) > 1) for model, optimizer in models.items()]
+        wrapped = [model for model, _ in planned]
+        if len(set(wrapped)) < len(wrapped):
             raise CannotMigrate(
                 list(models.values())[1], "AM520",
-                f"several models are trained ({names}): ddp changed nothing; wrap each in DistributedDataParallel "
-                f"by hand once it is on its device, give the training DataLoaders a DistributedSampler, and print "
-                f"and save on rank 0 only",
+                "two of the trained models are the same binding where training calls them: wrap each model in "
+                "DistributedDataParallel by hand once it is on its device, before its optimizer is built",
             )
-        model, first_optimizer = next(iter(models.items()))
-        model, built_at = self._binding_called_in_training(model, first_optimizer)
+        for _, step in planned:
+            step()
+        return wrapped
+
+    def _plan_bare_model(self, model: Var, optimizer: cst.Call, several: bool) -> tuple[Var, Callable[[], None]]:
+        """The binding to wrap, and the step that plans the wrap (planned once every model is known)."""
+        model, built_at = self._binding_called_in_training(model, optimizer)
         anchor, insert_before = self._bare_model_anchor(model, built_at)
-        wrap = self._ddp_wrap(model)
+        # A model called several times before one backward (a discriminator on
+        # real and fake batches) would have its BatchNorm buffers overwritten by
+        # rank 0's in each forward, in place, while autograd still needs them.
+        local_buffers = several and self._training_calls(model) > 1
+        wrap = self._ddp_wrap(model, local_buffers=local_buffers)
+        message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
+        if local_buffers:
+            message += LOCAL_BUFFERS_NOTE
 
         def apply() -> None:
             if insert_before:
@@ -247,7 +278,16 @@ class ModelWrapping(ScriptQueries):
             else:
                 self._after.setdefault(anchor, []).append(wrap)
 
-        return model, anchor, built_at, apply
+        return model, lambda: self._plan_wrap_step(model, anchor, built_at, "AM503", message, apply)
+
+    def _training_calls(self, model: Var) -> int:
+        """How many places call `model(...)` where gradients are recorded."""
+        count = 0
+        for reference, _ in self._followed_references(model):
+            parent = self.parent(reference)
+            if isinstance(parent, cst.Call) and parent.func is reference and not self.script.in_evaluation(parent):
+                count += 1
+        return count
 
     def _binding_called_in_training(self, model: Var, optimizer: cst.Call) -> tuple[Var, cst.Call]:
         """The binding of the optimizer's model that training calls, and the
