@@ -10,11 +10,13 @@ Exit codes (every command):
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 import click
 
 from accelmigrate import __version__
+from accelmigrate.cache import cache_folder
 from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, find, parse_words, resolve, words_without_values
 from accelmigrate.config import Config, ConfigError, common_start, load_config
 from accelmigrate.engine import CODEMOD_FAILED, FileResult, plan_of, process_files
@@ -61,6 +63,14 @@ def _files(paths: Sequence[str], exclude: Sequence[str], config: Config) -> list
     return files
 
 
+def _cache_folder(config: Config, no_cache: bool) -> Optional[Path]:
+    """`.accelmigrate_cache` at the project root (the folder of the nearest
+    pyproject.toml, else the current one), unless --no-cache."""
+    if no_cache:
+        return None
+    return cache_folder(config.path.parent if config.path is not None else Path.cwd())
+
+
 def _codemod_failures(results: Sequence[FileResult]) -> str:
     """The summary's clause for files where a codemod failed (AM000): that
     codemod changed nothing there, which must not pass for success."""
@@ -84,6 +94,7 @@ common_options = [
     click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files or folders matching GLOB (repeatable)."),
     click.option("--jobs", "-j", type=click.IntRange(1), default=None, help="Worker processes (default: CPU count)."),
     click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", help="Output format."),
+    click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache (.accelmigrate_cache/)."),
 ]
 
 
@@ -97,13 +108,15 @@ def with_common_options(function):
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
-def apply(paths, exclude, jobs, output_format, words, dry_run) -> None:
+def apply(paths, exclude, jobs, output_format, no_cache, words, dry_run) -> None:
     """Rewrite PATHS (files or folders) in place with the chosen codemods."""
     reporter = Reporter()
     config = _config_for(paths)
     plan = _plan(words, config, DEFAULT_WORDS)
     files = _files(paths, exclude, config)
-    results = _run(files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black)
+    results = _run(
+        files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, cache_folder=_cache_folder(config, no_cache)
+    )
     if output_format == "json":
         reporter.json(results)
     elif dry_run:
@@ -131,13 +144,13 @@ def apply(paths, exclude, jobs, output_format, words, dry_run) -> None:
 @main.command(epilog=EXIT_CODES_HELP)
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help="Only these codemods (default: every codemod that needs no =value).")
-def check(paths, exclude, jobs, output_format, words) -> None:
+def check(paths, exclude, jobs, output_format, no_cache, words) -> None:
     """Report findings in PATHS without writing anything (for CI and pre-commit)."""
     reporter = Reporter()
     config = _config_for(paths)
     plan = _plan(words, config, words_without_values())
     files = _files(paths, exclude, config)
-    results = _run(files, plan, reporter, jobs=jobs, check_only=True)
+    results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache))
     if output_format == "json":
         reporter.json(results)
         count = sum(len(r.findings) for r in results)

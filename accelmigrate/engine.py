@@ -1,11 +1,13 @@
 """Run codemods over source text and files.
 
-One file: read (encoding, newlines and BOM kept) -> CPython's parser (its
-verdict on syntax, with its positions) -> cheap text pre-check -> LibCST parse
--> codemods in their fixed order -> check the result parses -> keep black
-formatting if the input had it -> diff or atomic write -> FileResult.
-A file that fails, for whatever reason, becomes a FileResult with an error and
-is never written; the others go on.
+One file: read (encoding, newlines and BOM kept) -> answered from the cache
+when this content was seen with the same codemods and options -> cheap text
+pre-check -> one CPython parse (its verdict on syntax, with its positions, and
+the `ast` pre-check: which codemods can apply at all) -> LibCST parse, only
+when some codemod can -> codemods in their fixed order -> check the result
+parses -> keep black formatting if the input had it -> diff or atomic write
+-> FileResult. A file that fails, for whatever reason, becomes a FileResult
+with an error and is never written; the others go on.
 
 LibCST's visitors recurse once or more per level of nesting, so the LibCST
 part runs in a thread with a large stack and a raised recursion limit: any
@@ -35,8 +37,10 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from accelmigrate import indentation
+from accelmigrate.cache import Outcome, ResultCache
 from accelmigrate.codemods import Codemod, Finding, all_codemods, resolve
 from accelmigrate.codemods._base import ALL_CODES, Suppressions
+from accelmigrate.codemods.script import SourceFacts, precheck, words_that_may_apply
 from accelmigrate.formatting import black_format, is_black_formatted
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
@@ -178,11 +182,25 @@ def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_onl
     as its prerequisites alone leave it (`amp` after `device`, `item` on the
     original): the same findings for far fewer metadata resolutions.
     """
-    selected = [(cls, options) for cls, options in _classes(plan) if cls.wants(source)]
-    _ensure_valid_syntax(source, path)  # CPython's verdict, at CPython's own recursion limit
+    selected = codemods_that_may_apply(source, plan, path)
     if not selected:
-        return Migration(source, [])
+        return Migration(source, [])  # never parsed by LibCST
     return on_deep_stack(_run_codemods, source, selected, path, check_only)
+
+
+def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> list[tuple[type[Codemod], Mapping[str, str]]]:
+    """The planned codemods, in running order, that may change or report
+    something in `source`, decided before LibCST: each codemod's text trigger,
+    then one CPython parse (at CPython's own recursion limit) that gives both
+    its verdict on syntax (a MigrationError) and the pre-check facts, which
+    each codemod's rule reads (seeing also what the codemods before it may
+    write)."""
+    wanted = [(cls, options) for cls, options in _classes(plan) if cls.wants(source)]
+    facts = _cpython_facts(source, path, walk=bool(wanted))
+    if facts is None:
+        return []
+    kept = set(words_that_may_apply(facts, [cls.word for cls, _ in wanted]))
+    return [(cls, options) for cls, options in wanted if cls.word in kept]
 
 
 def _run_codemods(
@@ -321,10 +339,15 @@ def _lines(text: str) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
-def _ensure_valid_syntax(source: str, path: str) -> None:
-    """CPython's verdict, position (1-based line and column) and message."""
+def _cpython_facts(source: str, path: str, *, walk: bool) -> Optional[SourceFacts]:
+    """CPython's verdict on `source` (a syntax error becomes a MigrationError
+    with CPython's position, 1-based line and column, and message), from its
+    one parse; with `walk`, the pre-check facts read from that parse."""
     try:
+        if walk:
+            return precheck(source)
         ast.parse(source)
+        return None
     except SyntaxError as error:
         where = f"{error.lineno}:{error.offset}" if error.offset else f"{error.lineno}"
         raise MigrationError(f"{path}:{where}: syntax error: {error.msg}") from None
@@ -352,31 +375,65 @@ def process_file(
     check_only: bool = False,
     write: bool = False,
     black_config: Optional[Mapping] = None,
+    cache: Optional[ResultCache] = None,
 ) -> FileResult:
     """One file, start to end. Whatever goes wrong becomes this file's error
-    (never the run's end); the file is then never written."""
+    (never the run's end); the file is then never written. With a `cache`
+    (opened for this plan, mode and black settings), content seen before is
+    answered from it."""
     result = FileResult(path)
     try:
         source = read_source(Path(path))
         result.original = source.text
-        migration = migrate_source(source.text, plan, path, check_only=check_only)
-        result.findings = migration.findings
-        migrated = migration.code
-        if migrated != source.text:
-            _ensure_parses(migrated, path)
-            if black_config is not None and is_black_formatted(source.text, black_config):
-                migrated = black_format(migrated, black_config)
-        result.migrated = migrated
+        outcome = _cached_outcome(source, path, cache, plan, check_only, black_config)
+        result.findings, result.error = outcome.findings, outcome.error
+        if outcome.error is not None:
+            return result
+        result.migrated = source.text if outcome.migrated is None else outcome.migrated
         if write and result.changed:
-            write_atomically(Path(path), SourceText(migrated, source.encoding))
+            write_atomically(Path(path), SourceText(result.migrated, source.encoding))
             result.written = True
-    except (InputError, MigrationError) as error:
+    except InputError as error:
         result.error = str(error)
     except OSError as error:
         result.error = f"{path}: cannot write: {error.strerror or error}"
     except Exception as error:  # a bug, or an input nobody foresaw: this file only
         result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
     return result
+
+
+def _cached_outcome(
+    source: SourceText, path: str, cache: Optional[ResultCache], plan: Plan, check_only: bool, black_config: Optional[Mapping]
+) -> Outcome:
+    if cache is None:
+        return _outcome(source.text, path, plan, check_only, black_config)
+    key = cache.key(path, source)
+    outcome = cache.get(key)
+    if outcome is None:
+        outcome = _outcome(source.text, path, plan, check_only, black_config)
+        if not any(f.code == CODEMOD_FAILED for f in outcome.findings):  # a failure may not recur (memory, a bug fixed)
+            cache.put(key, outcome)
+    return outcome
+
+
+def _outcome(text: str, path: str, plan: Plan, check_only: bool, black_config: Optional[Mapping]) -> Outcome:
+    """What the codemods make of `text`: the migrated text (None: unchanged)
+    and the findings, or the error that refuses it. Only what follows from
+    the text is caught here; anything else is the caller's (and never cached)."""
+    try:
+        migration = migrate_source(text, plan, path, check_only=check_only)
+    except MigrationError as error:
+        return Outcome(None, [], str(error))
+    migrated = migration.code
+    if migrated == text:
+        return Outcome(None, migration.findings)
+    try:
+        _ensure_parses(migrated, path)
+    except MigrationError as error:
+        return Outcome(None, migration.findings, str(error))
+    if black_config is not None and is_black_formatted(text, black_config):
+        migrated = black_format(migrated, black_config)
+    return Outcome(migrated, migration.findings)
 
 
 def _describe(error: BaseException) -> str:
@@ -392,13 +449,19 @@ def process_files(
     black_config: Optional[Mapping] = None,
     jobs: Optional[int] = None,
     on_done: Optional[Callable[[FileResult], None]] = None,
+    cache_folder: Optional[Path] = None,
 ) -> list[FileResult]:
     """Process many files, in worker processes when there are several; results
     come back in the order of `paths`. Before writing, temporary files that a
-    killed run left next to them are removed."""
+    killed run left next to them are removed. With `cache_folder`, results are
+    kept there and files whose content was seen before are answered from it."""
     jobs = jobs or os.cpu_count() or 1
-    kwargs = dict(check_only=check_only, write=write, black_config=black_config)
     _classes(plan)  # an unknown word or option is the caller's error, raised before any file is read
+    cache = None
+    if cache_folder is not None:
+        settings = {"plan": [[word, sorted(options.items())] for word, options in plan], "check": check_only, "black": black_config}
+        cache = ResultCache.open(cache_folder, settings)
+    kwargs = dict(check_only=check_only, write=write, black_config=black_config, cache=cache)
     if write:
         remove_stale_temporaries({Path(os.path.realpath(p)).parent for p in paths})
     results: list[FileResult] = []

@@ -35,7 +35,7 @@ from typing import Iterable, Iterator, Sequence
 SKIPPED_FOLDERS = frozenset(
     {
         ".git", ".hg", ".svn", ".venv", "venv", "env", ".env", ".tox", ".nox", "__pycache__",
-        ".mypy_cache", ".pytest_cache", ".ruff_cache", "build", "dist", "site-packages",
+        ".mypy_cache", ".pytest_cache", ".ruff_cache", ".accelmigrate_cache", "build", "dist", "site-packages",
         "node_modules", ".eggs", ".ipynb_checkpoints",
     }
 )

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 SCRIPTS = FIXTURES / "scripts"
+
+# The result cache lives outside the folders that tests list and compare.
+os.environ.setdefault("ACCELMIGRATE_CACHE_DIR", tempfile.mkdtemp(prefix="accelmigrate-cache-"))
 
 
 def run_python(script: Path, *args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 300):
