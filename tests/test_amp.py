@@ -15,7 +15,7 @@ import torch
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime.precision import PRECISION_VARIABLE, autocast_dtype, grad_scaler
 
-from conftest import SCRIPTS, run_python
+from conftest import FIXTURES, SCRIPTS, run_python
 
 FINAL_LOSS = re.compile(r"final loss: (\S+)")
 NORMS = re.compile(r"step (\d+) clip norm: (\S+) grad norm: (\S+)")
@@ -223,3 +223,29 @@ def migrate_script_with(tmp_path: Path, name: str) -> tuple[Path, str]:
     path = tmp_path / name
     path.write_text(migration.code, encoding="utf-8")
     return path, migration.code
+
+
+# -- a device and an optimizer passed in as arguments (issue 10, item 2) ---------------
+
+@pytest.mark.slow
+def test_a_train_function_that_receives_device_and_optimizer_trains_as_before(tmp_path):
+    """`train(args, model, device, train_loader, optimizer, epoch)` called from
+    main() every epoch: autocast inside train() from the device it receives,
+    one scaler bound in main() and passed in. On a CPU with no setting the
+    numbers are the original's (float32, tolerance 1e-6, the printed
+    precision); bf16 and fp16 (scaler on, carried across epochs) run and
+    stay within 2% of them."""
+    case = FIXTURES / "amp" / "device_argument.py"
+    original = loss_and_accuracy(run_python(case, env=ONE_THREAD, cwd=tmp_path))
+    migration = migrate_source(case.read_text(encoding="utf-8"), [("amp", {})], str(case))
+    assert {f.code for f in migration.findings if f.fixed and f.word == "amp"} == {"AM401", "AM402"}, migration.findings
+    assert "scaler=scaler)" in migration.code and "def train(args, model, device, train_loader, optimizer, epoch, scaler):" in migration.code
+    migrated = tmp_path / "device_argument.py"
+    migrated.write_text(migration.code, encoding="utf-8")
+    default = loss_and_accuracy(run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: ""}))
+    assert default[0] == pytest.approx(original[0], rel=1e-6, abs=1e-6)
+    assert default[1] == original[1]
+    for precision in ("bf16", "fp16"):
+        loss, _ = loss_and_accuracy(run_python(migrated, env={**ONE_THREAD, PRECISION_VARIABLE: precision}))
+        assert loss != original[0], f"{precision}: autocast changed nothing"
+        assert loss == pytest.approx(original[0], rel=0.02)

@@ -1,0 +1,167 @@
+"""Where the codemod binds `amp_dtype = autocast_dtype(device)` and
+`scaler = grad_scaler(device, amp_dtype)`, and how they are spelled at a
+place that reads them."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import libcst as cst
+
+from .plan import AUTOCAST_DTYPE, DTYPE_NAMES, GRAD_SCALER_FACTORY, PRECISION, SCALER_NAMES, Binding, Problem, Ref, StepPlan, statement
+
+
+class Bindings:
+    """Mixed into the codemod."""
+
+    def plan_scalers(self, plans: list) -> list:
+        """One scaler per place its optimizers are bound (a scope, or a class),
+        right after the last of them (and after the dtype binding it needs)."""
+        by_home: dict = {}
+        for plan in plans:
+            homes = {(ref.kind, id(ref.home)) for ref in plan.optimizers}
+            if len(homes) != 1:
+                self.report(plan.backwards[0].call or plan.site, "AM414", "the optimizers of this step are bound in different scopes: bind one `scaler = grad_scaler(device, amp_dtype)` in reach of all of them by hand")
+                continue
+            by_home.setdefault(homes.pop(), []).append(plan)
+        kept = []
+        for home, group in by_home.items():
+            try:
+                self.scaler_bindings[home] = self.shared_scaler(home, [p.site for p in group]) or self.scaler_binding(group)
+                kept.extend(group)
+            except Problem as problem:
+                self.report(problem.node, problem.code, problem.message)
+        return sorted(kept, key=lambda p: self.order(p.site))
+
+    def scaler_binding(self, group: list) -> Binding:
+        ref = group[0].optimizers[0]
+        if ref.kind == "param":
+            return self.scaler_passed(group)
+        lines = sorted({id(line): line for plan in group for r in plan.optimizers for line in r.bindings}.values(), key=self.order)
+        existing = self.existing_binding(ref, GRAD_SCALER_FACTORY)
+        if existing is not None:
+            return existing
+        block, anchors = self.common_block(lines)
+        after = max(anchors, key=self.order)
+        site = group[0].site
+        if ref.kind == "attr" and self.method_owner(after) is None:
+            raise Problem(site, "AM414", "the optimizer attributes are bound in different methods: bind `self.scaler = grad_scaler(self.device, self.amp_dtype)` after them by hand")
+        device = group[0].device
+        dtype = self.dtype_binding(device)
+        if self.facts.scope_of(dtype.after) is self.facts.scope_of(after) and self.order(after) < self.order(dtype.after):
+            after = dtype.after  # the device is bound after the optimizer: the scaler follows the dtype
+        elif self.device_at(after) is not device:
+            raise Problem(site, "AM413", "the device binding is out of reach where the optimizer is built: bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer by hand")
+        for plan in group:
+            if self.facts.scope_of(plan.site) is self.facts.scope_of(after) and not self.ends_before(after, plan.site):
+                raise Problem(plan.site, "AM414", "the optimizer is bound after a training loop that uses it: bind `scaler = grad_scaler(device, amp_dtype)` before that loop by hand")
+        owner = self.owner_at(after) if ref.kind == "attr" else None
+        name = self.free_name(ref, SCALER_NAMES, [p.site for p in group] + [after])
+        return Binding(ref.kind, name, after, owner, f"grad_scaler({self.device_text(device, after)}, {dtype.text(self.owner_at(after))})")
+
+    def shared_scaler(self, home: tuple, sites: list) -> Optional[Binding]:
+        """The scaler already planned where these optimizers live (for a call
+        that passes one of them in), when every site is in its reach."""
+        binding = self.scaler_bindings.get(home)
+        if binding is not None and binding.kind == "name" and not all(self.name_visible(binding, site) for site in sites):
+            raise Problem(sites[0], "AM414", "a GradScaler planned for this optimizer is bound after this point: bind `scaler = grad_scaler(device, amp_dtype)` before its first use by hand")
+        return binding
+
+    def existing_binding(self, ref: Ref, factory: str) -> Optional[Binding]:
+        """The binding of `factory(...)` that a previous run left where `ref` lives."""
+        found = [
+            b for b in self.bindings_where(ref)
+            if isinstance(b.statement, cst.Assign) and len(b.statement.targets) == 1 and self.is_call_to(b.statement.value, {factory})
+        ]
+        if not found:
+            return None
+        first = min(found, key=lambda b: self.order(b.node))
+        line = self.parent(first.statement)
+        if ref.kind != "attr":
+            return Binding("name", first.name, line, None, "", exists=True)
+        owner, _, attribute = first.name.partition(".")
+        return Binding("attr", attribute, line, owner, "", exists=True)
+
+    def bindings_where(self, ref: Ref) -> list:
+        """The names bound where `ref` lives: its scope, or the `self.x` of its class's methods."""
+        if ref.kind != "attr":
+            return [b for bs in ref.home.bindings.values() for b in bs if isinstance(b.node, cst.Name)]
+        found = []
+        for method in self.facts.methods(ref.home):
+            instance = self.facts.instance_parameter(method)
+            if instance is not None:
+                found += [b for name, bs in method.scope.bindings.items() if name.startswith(instance + ".") and name.count(".") == 1 for b in bs]
+        return found
+
+    def free_name(self, ref: Ref, candidates: Sequence[str], sites: list) -> str:
+        for name in candidates:
+            if ref.kind == "attr":
+                if not self.facts.self_attribute(ref.home, name):
+                    return name
+            elif not any(self.facts.bindings_of(name, site) for site in sites):
+                return name
+        raise Problem(sites[0], "AM414", f"the names {', '.join(candidates)} are taken: bind the autocast dtype and the GradScaler by hand")
+
+    def dtype_binding(self, device: Ref) -> Binding:
+        """`amp_dtype = autocast_dtype(device)`, right after the device binding."""
+        if device.key not in self.dtype_bindings:
+            binding = self.existing_binding(device, AUTOCAST_DTYPE)
+            if binding is None and device.kind == "param":
+                binding = self.dtype_at_top(device)
+            if binding is None:
+                _, anchors = self.common_block(device.bindings)
+                after = max(anchors, key=self.order)
+                owner = self.owner_at(after) if device.kind == "attr" else None
+                name = self.free_name(device, DTYPE_NAMES, [after])
+                binding = Binding(device.kind, name, after, owner, f"autocast_dtype({self.device_text(device, after)})")
+            self.dtype_bindings[device.key] = binding
+        return self.dtype_bindings[device.key]
+
+    def device_text(self, device: Ref, site: cst.CSTNode) -> str:
+        return f"{self.owner_at(site)}.{device.name}" if device.kind == "attr" else device.name
+
+    def dtype_text(self, device: Ref, site: cst.CSTNode) -> str:
+        """`amp_dtype` (or `self.amp_dtype`) as read at `site`; a Problem when
+        its binding (after the device's) does not come first."""
+        binding = self.dtype_binding(device)
+        if not binding.before and self.facts.scope_of(binding.after) is self.facts.scope_of(site) and not self.ends_before(binding.after, site):
+            raise Problem(site, "AM415", "the device is bound after this point (or in a loop around it): bind it once before the training and evaluation code, then run again")
+        return binding.text(self.owner_at(site))
+
+    def autocast_text(self, device: Ref, site: cst.CSTNode, enabled: Optional[str] = None) -> str:
+        """The autocast header; `enabled` is the user's own condition, if any."""
+        dtype = self.dtype_text(device, site)
+        condition = f"{dtype} != {self.torch}.float32"
+        if enabled is not None:
+            condition = f"{enabled} and {condition}"
+        return f"{self.torch}.autocast(device_type={self.device_text(device, site)}.type, dtype={dtype}, enabled={condition})"
+
+    def scaler_of(self, plan: StepPlan) -> Binding:
+        return self.scaler_bindings[(plan.optimizers[0].kind, id(plan.optimizers[0].home))]
+
+    def name_visible(self, binding: Binding, site: cst.CSTNode) -> bool:
+        """A variable bound right after `binding.after` is in reach of `site`."""
+        home, scope = self.facts.scope_of(binding.after), self.facts.scope_of(site)
+        if scope is home:
+            return self.ends_before(binding.after, site)
+        while scope is not None and scope.parent is not scope:
+            scope = scope.parent
+            if scope is home:
+                return True
+        return False
+
+    def use_dtype(self, device: Ref) -> None:
+        self.dtype_binding(device).used = True
+        self.add_import(PRECISION, "autocast_dtype")
+        self.need_torch()
+
+    def commit_bindings(self) -> None:
+        """Insert the dtype bindings first: a scaler placed at the same spot needs its dtype."""
+        for binding in list(self.scaler_bindings.values()):
+            if binding.used and binding.kind == "param":
+                self.commit_passed(binding)
+        for binding in [*self.dtype_bindings.values(), *self.scaler_bindings.values()]:
+            if binding.used and not binding.exists and binding.kind != "param":
+                insert = self.edits.insert_before if binding.before else self.edits.insert_after
+                insert(binding.after, statement(f"{binding.text(binding.owner)} = {binding.value}"))
+

@@ -1,0 +1,89 @@
+"""Evaluation (no_grad, inference_mode, functions decorated with them) under
+the same autocast as training, without a scaler."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from .._base import is_docstring, walk
+from .plan import ACCESSORS, Problem
+
+
+class Evaluation:
+    """Mixed into the codemod."""
+
+    def plan_evaluation(self) -> None:
+        regions = dict.fromkeys(r.node for r in self.script.evaluation if r.kind != "eval")
+        for node in regions:
+            if isinstance(node, cst.With) and self.is_evaluation_block(node):
+                self.plan_evaluation_block(node)
+        for node in regions:
+            if isinstance(node, cst.FunctionDef) and self.is_evaluation_function(node):
+                self.plan_evaluation_function(node)
+
+    def is_evaluation_block(self, with_node: cst.With) -> bool:
+        return (
+            not self.has_autocast(with_node)
+            and not self.runs_under_autocast(with_node)
+            and not self.contains_autocast(with_node.body)
+            and not self.script.in_evaluation(with_node)
+            and self.forward_like(with_node.body)
+        )
+
+    def is_evaluation_function(self, function: cst.FunctionDef) -> bool:
+        return (
+            isinstance(function.body, cst.IndentedBlock)
+            and not self.contains_autocast(function.body)
+            and not self.script.in_evaluation(function)
+            and self.forward_like(function.body)
+        )
+
+    def forward_like(self, body: cst.CSTNode) -> bool:
+        """Calls something (a model) besides builtins, in-place tensor methods
+        and accessors: parameter updates such as EMAs gain nothing from autocast."""
+        return any(isinstance(child, cst.Call) and self.may_compute(child) for child in walk(body, into_definitions=False))
+
+    def may_compute(self, call: cst.Call) -> bool:
+        if isinstance(call.func, cst.Attribute):
+            method = call.func.attr.value
+            if method.endswith("_") or method in ACCESSORS:
+                return False
+        return not any(name.startswith("builtins.") for name in self.qualified_names(call.func))
+
+    def plan_evaluation_block(self, with_node: cst.With) -> None:
+        device = self.device_at(with_node)
+        if device is None:
+            self.report(with_node, "AM413", "evaluation under no_grad with no device binding in reach (a `device` parameter may be a string): add `torch.autocast(device_type=device.type, dtype=amp_dtype)` to this block by hand")
+            return
+        try:
+            header = self.autocast_text(device, with_node)
+        except Problem as problem:
+            self.report(problem.node, problem.code, problem.message)
+            return
+        if not self.fix(with_node, "AM402", "evaluation runs under torch.autocast too (no GradScaler: nothing is backpropagated)"):
+            return
+
+        def add_item(updated: cst.With) -> cst.With:
+            items = list(updated.items)
+            items[-1] = items[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            return updated.with_changes(items=[*items, cst.WithItem(item=cst.parse_expression(header))])
+
+        self.edits.replace[with_node] = add_item
+        self.use_dtype(device)
+
+    def plan_evaluation_function(self, function: cst.FunctionDef) -> None:
+        statements = list(function.body.body)
+        first = 1 if is_docstring(statements[0]) and len(statements) > 1 else 0
+        device = self.device_at(statements[first])
+        name = function.name.value
+        if device is None:
+            self.report(function, "AM413", f"{name}() runs under no_grad with no device binding in reach: wrap its forward in `torch.autocast(device_type=device.type, dtype=amp_dtype)` by hand")
+            return
+        try:
+            header = self.autocast_text(device, statements[first])
+        except Problem as problem:
+            self.report(problem.node, problem.code, problem.message)
+            return
+        if self.fix(function, "AM402", f"{name}() (under no_grad) runs its body under torch.autocast too"):
+            self.edits.wrap[statements[first]] = (statements[-1], header)
+            self.use_dtype(device)

@@ -1,0 +1,245 @@
+"""Where things are, read from the script model: the device and optimizer
+bindings in reach of a place, the statement and loop that hold a node, and
+the names a statement reads and binds."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import libcst as cst
+
+from .._base import dotted_name, walk
+from ..script import ScriptModel
+from ..script import vocabulary as v
+from ..script.amp_facts import AmpFacts
+from .plan import APEX_INITIALIZE, Problem, Ref, is_block
+
+# What an assignment binds, for the codemod: "device", "optimizer", "apex"
+# (`model, optimizer = amp.initialize(...)`), "scheduler", "plain" (a
+# constant, None), or "unknown" (a call that may return anything).
+_KNOWN_KINDS = ("device", "optimizer", "scheduler")
+
+
+class Resolution:
+    """Mixed into the codemod: answers from `self.script` and `self.facts`."""
+
+    script: ScriptModel
+    facts: AmpFacts
+    tree: cst.Module
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.script.parent(node)
+
+    def qualified_names(self, node: cst.CSTNode) -> frozenset:
+        return self.script.qualified_names(node)
+
+    def is_qualified(self, node: cst.CSTNode, names) -> bool:
+        return self.script.is_qualified(node, names)
+
+    def is_call_to(self, node: cst.CSTNode, names) -> bool:
+        return self.script.is_call_to(node, names)
+
+    # -- order ---------------------------------------------------------------------
+
+    def order(self, node: cst.CSTNode) -> int:
+        return self.facts.order(node)
+
+    def ends_before(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        return self.facts.ends_before(first, second)
+
+    # -- statements, blocks and units ------------------------------------------------
+
+    def line_of(self, node: cst.CSTNode) -> Optional[cst.BaseStatement]:
+        """The statement, directly in a block, that holds `node`."""
+        for candidate in (node, *self.ancestors(node)):
+            if isinstance(candidate, cst.BaseStatement) and is_block(self.parent(candidate)):
+                return candidate
+        return None
+
+    def own_line(self, node: cst.CSTNode) -> Optional[cst.SimpleStatementLine]:
+        """The line that holds `node` as its only statement (`node` or `x = node`)."""
+        small = self.parent(node)
+        line = self.parent(small)
+        if isinstance(small, (cst.Expr, cst.Assign)) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            return line if is_block(self.parent(line)) else None
+        return None
+
+    def enclosing_function(self, node: cst.CSTNode) -> Optional[cst.FunctionDef]:
+        function = self.facts.function_at(node)
+        return function.node if function is not None else None
+
+    def unit_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The loop (else the function, else the module) whose body runs `node`
+        once per iteration."""
+        loops = self.script.loops_around(node)
+        return loops[0].node if loops else (self.enclosing_function(node) or self.tree)
+
+    def within(self, node: cst.CSTNode, unit: cst.CSTNode) -> bool:
+        """`node` runs inside `unit`, in the same function."""
+        for ancestor in self.ancestors(node):
+            if ancestor is unit:
+                return True
+            if isinstance(ancestor, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+        return unit is self.tree
+
+    def calls_within(self, unit: cst.CSTNode) -> list:
+        """The calls that run inside `unit` (a loop, function or the module), in the same function."""
+        return [c for c in self.facts.calls_in(unit) if self.within(c, unit)]
+
+    def statement_in_unit(self, node: cst.CSTNode, unit: cst.CSTNode) -> cst.BaseStatement:
+        """The innermost statement holding `node` that runs once per iteration
+        of `unit` (outside the loops nested in it)."""
+        for candidate in (node, *self.ancestors(node)):
+            if isinstance(candidate, cst.BaseStatement) and is_block(self.parent(candidate)) and self.unit_of(candidate) is unit:
+                return candidate
+        raise Problem(node, "AM415", "cannot place this statement in the training step")
+
+    def common_block(self, nodes: Sequence[cst.CSTNode]) -> tuple:
+        """The innermost block holding all `nodes`, and for each node the
+        statement of that block that holds it."""
+        chains = [[n, *self.ancestors(n)] for n in nodes]
+        for candidate in chains[0]:
+            if is_block(candidate) and all(candidate in chain for chain in chains[1:]):
+                return candidate, [chain[chain.index(candidate) - 1] for chain in chains]
+        raise Problem(nodes[0], "AM415", "cannot find one block around these statements")
+
+    def reads(self, node: cst.CSTNode) -> set:
+        return self.facts.names_read(node)
+
+    def binds(self, node: cst.CSTNode) -> set:
+        return self.facts.names_bound(node)
+
+    # -- autocast already there ---------------------------------------------------------
+
+    def has_autocast(self, with_node: cst.With) -> bool:
+        return any(self.script.is_call_to(i.item, v.AUTOCAST) for i in with_node.items)
+
+    def runs_under_autocast(self, node: cst.CSTNode) -> bool:
+        return any(isinstance(a, cst.With) and self.has_autocast(a) for a in self.ancestors(node))
+
+    def contains_autocast(self, node: cst.CSTNode) -> bool:
+        return any(isinstance(n, cst.With) and self.has_autocast(n) for n in walk(node, into_definitions=False))
+
+    # -- methods and their instance -------------------------------------------------------
+
+    def method_owner(self, node: cst.CSTNode) -> Optional[tuple]:
+        """(ClassDef, name of the `self` parameter) of the method `node` is in."""
+        return self.facts.method_owner(node)
+
+    def owner_at(self, site: cst.CSTNode) -> Optional[str]:
+        owner = self.method_owner(site)
+        return owner[1] if owner else None
+
+    # -- devices and optimizers in reach --------------------------------------------------
+
+    def value_kind(self, value: Optional[cst.BaseExpression]) -> str:
+        if value is None:
+            return "unknown"
+        if isinstance(value, (cst.BaseNumber, cst.BaseString)) or (isinstance(value, cst.Name) and value.value in ("None", "True", "False")):
+            return "plain"
+        if isinstance(value, cst.IfExp):
+            kinds = {self.value_kind(value.body), self.value_kind(value.orelse)}
+            return kinds.pop() if len(kinds) == 1 else "unknown"
+        if self.script.is_call_to(value, {APEX_INITIALIZE}):
+            return "apex"
+        kind = self.script.kind_of(value) if isinstance(value, cst.Call) else None
+        return kind if kind in _KNOWN_KINDS else "unknown"
+
+    def assignment_line(self, binding) -> Optional[cst.SimpleStatementLine]:
+        """The line of a plain `target = value` (unpacking allowed) that makes the binding."""
+        if binding.kind != "assign" or not isinstance(binding.statement, cst.Assign):
+            return None
+        line = self.parent(binding.statement)
+        return line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+
+    def lines_of_kind(self, bindings: list, kinds: tuple, transparent: tuple = ()) -> Optional[list]:
+        """The assignment lines of `bindings` when each binds a value of one of
+        `kinds` (those that bind one of `transparent` are skipped); else None."""
+        lines = []
+        for binding in bindings:
+            line = self.assignment_line(binding)
+            kind = self.value_kind(binding.statement.value) if line is not None else None
+            if kind in transparent:
+                continue
+            if kind not in kinds:
+                return None
+            lines.append(line)
+        return lines or None
+
+    def resolve_ref(self, expression: cst.BaseExpression, site: cst.CSTNode, kinds: tuple, transparent: tuple = ()) -> Optional[Ref]:
+        """The Ref for `expression` (a name, or `self.attr` in a method) at
+        `site`, when every binding of it in reach binds one of `kinds`."""
+        if isinstance(expression, cst.Name):
+            return self.resolve_name(expression.value, site, kinds, transparent)
+        if isinstance(expression, cst.Attribute) and isinstance(expression.value, cst.Name):
+            owner = self.method_owner(site)
+            if owner is None or expression.value.value != owner[1]:
+                return None
+            lines = self.lines_of_kind(self.facts.self_attribute(owner[0], expression.attr.value), kinds, transparent)
+            if lines:
+                return Ref("attr", expression.attr.value, owner[0], lines)
+        return None
+
+    def resolve_name(self, name: str, site: cst.CSTNode, kinds: tuple, transparent: tuple = ()) -> Optional[Ref]:
+        bindings = self.facts.bindings_of(name, site)
+        lines = self.lines_of_kind(bindings, kinds, transparent)
+        if not lines:
+            return None
+        home = bindings[0].scope
+        if home is self.facts.scope_of(site) and not any(self.ends_before(line, site) for line in lines):
+            return None  # bound only further down in the same scope
+        return Ref("name", name, home, sorted(lines, key=self.order))
+
+    def device_at(self, site: cst.CSTNode) -> Optional[Ref]:
+        """The device binding in reach of `site`: a variable, else `self.<attr>`,
+        else a parameter that every caller passes a device to."""
+        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device")}
+        for name in sorted((n for n in names if "." not in n), key=lambda n: (n != "device", n)):
+            ref = self.resolve_name(name, site, ("device",))
+            if ref is not None:
+                return self.devices.setdefault(ref.key, ref)
+        owner = self.method_owner(site)
+        if owner is not None:
+            prefix = owner[1] + "."
+            attributes = {n[len(prefix):] for n in names if n.startswith(prefix) and "." not in n[len(prefix):]}
+            for attr in sorted(attributes, key=lambda a: (a != "device", a)):
+                ref = self.resolve_ref(cst.Attribute(value=cst.Name(owner[1]), attr=cst.Name(attr)), site, ("device",))
+                if ref is not None:
+                    return self.devices.setdefault(ref.key, ref)
+        return self.device_parameter_at(site)
+
+    def optimizer_of(self, receiver: cst.BaseExpression, site: cst.CSTNode) -> Optional[Ref]:
+        return self.optimizer_passed(receiver, site)
+
+    def is_known_other(self, receiver: cst.BaseExpression, site: cst.CSTNode) -> bool:
+        """`receiver` is bound only to things that are not optimizers: a
+        learning-rate scheduler, None. (Anything else built by a call may be an
+        optimizer from a factory, whose step must go through the scaler.)"""
+        return self.resolve_ref(receiver, site, ("scheduler", "plain")) is not None
+
+    # -- torch's name here ------------------------------------------------------------------
+
+    def module_imports(self) -> list:
+        """The `import ...` bindings at module level."""
+        return [b for b in self.script.imports if b.scope.kind == "module" and isinstance(b.statement, cst.Import)]
+
+    def torch_alias(self) -> str:
+        """The name a module-level `import torch [as th]` binds (else `torch`,
+        imported when needed)."""
+        for binding in self.module_imports():
+            if binding.qualified == "torch" and binding.name != "torch":
+                return binding.name
+        return "torch"
+
+    def need_torch(self) -> None:
+        if not any(b.name == self.torch and b.qualified.split(".")[0] == "torch" for b in self.module_imports()):
+            self.add_import("torch")
+
+    def is_attribute_name(self, node: cst.CSTNode) -> bool:
+        parent = self.parent(node)
+        return isinstance(parent, cst.Attribute) and parent.attr is node
+
+    @staticmethod
+    def dotted(node: cst.CSTNode) -> Optional[str]:
+        return dotted_name(node) or None

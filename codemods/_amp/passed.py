@@ -1,0 +1,126 @@
+"""Devices and optimizers that a training function receives as arguments:
+`def train(args, model, device, train_loader, optimizer, epoch)`, called in
+the file by code that binds the device and the optimizer.
+
+The autocast dtype is bound at the top of such a function from the device
+it receives. The scaler is bound in the caller, next to the optimizer, and
+handed in as a new `scaler` argument: one scaler for the whole run, so that
+its loss scale carries over from one call (one epoch) to the next.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import libcst as cst
+
+from .._base import append_keyword_args, is_docstring
+from .plan import SCALER_NAMES, Binding, Problem, Ref, StepPlan
+
+FOLLOW_DEPTH = 4  # how many calls deep an argument is followed
+Resolver = Callable[[cst.BaseExpression, cst.CSTNode, int], Optional[Ref]]
+
+
+class Passed:
+    """Mixed into the codemod."""
+
+    def passed_in(self, name: str, site: cst.CSTNode, resolve: Resolver, depth: int) -> Optional[Ref]:
+        """A Ref of kind "param" when `name` at `site` is only a parameter of
+        its function, and every call of that function in the file passes an
+        argument for it that `resolve` traces in the caller."""
+        function = self.facts.function_at(site)
+        bindings = self.facts.bindings_of(name, site)
+        if function is None or depth > FOLLOW_DEPTH or len(bindings) != 1 or bindings[0].kind != "param":
+            return None
+        if bindings[0].scope is not function.scope or not function.callers:
+            return None
+        sources = []
+        for call_site in function.callers:
+            argument = call_site.arguments.get(name)
+            source = resolve(argument, call_site.call, depth + 1) if argument is not None and call_site.complete else None
+            if source is None:
+                return None
+            sources.append((call_site.call, source))
+        ref = Ref("param", name, function.scope, [])
+        self.passed[ref.key] = (function, sources)
+        return ref
+
+    def device_passed(self, expression: cst.BaseExpression, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:
+        if not isinstance(expression, cst.Name):
+            return None
+        ref = self.resolve_name(expression.value, site, ("device",)) or self.passed_in(expression.value, site, self.device_passed, depth)
+        return self.devices.setdefault(ref.key, ref) if ref is not None else None
+
+    def optimizer_passed(self, expression: cst.BaseExpression, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:
+        ref = self.resolve_ref(expression, site, ("optimizer",), ("apex",))
+        if ref is None and isinstance(expression, cst.Name):
+            ref = self.passed_in(expression.value, site, self.optimizer_passed, depth)
+        return ref
+
+    def device_parameter_at(self, site: cst.CSTNode) -> Optional[Ref]:
+        """A device parameter of the function around `site` that every caller passes a device to."""
+        function = self.facts.function_at(site)
+        if function is None:
+            return None
+        for device in self.script.devices:
+            if device.kind == "parameter" and device.scope is function.scope:
+                ref = self.device_passed(cst.Name(device.name), site)
+                if ref is not None:
+                    return ref
+        return None
+
+    # -- the bindings -------------------------------------------------------------------
+
+    def dtype_at_top(self, device: Ref) -> Binding:
+        """`amp_dtype = autocast_dtype(device)` as the first statement of the
+        function that receives the device (after its docstring)."""
+        body = list(device.home.node.body.body)
+        first = body[1] if len(body) > 1 and is_docstring(body[0]) else body[0]
+        name = self.free_name(device, ("amp_dtype", "autocast_dtype_"), [first])
+        return Binding("name", name, first, None, f"autocast_dtype({device.name})", before=True)
+
+    def scaler_passed(self, group: list) -> Binding:
+        """A new parameter of the training function, and a scaler bound in
+        each caller next to the optimizer it passes."""
+        ref = group[0].optimizers[0]
+        function, sources = self.passed[ref.key]
+        params = function.node.params
+        if params.posonly_params or params.kwonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or any(p.default is not None for p in params.params):
+            raise Problem(group[0].site, "AM414", f"{function.name}() receives the optimizer and has defaults or starred parameters: add a `scaler` parameter and pass it a `grad_scaler(device, amp_dtype)` bound next to the optimizer by hand")
+        name = next((n for n in SCALER_NAMES if n not in function.scope.bindings), None)
+        if name is None or any(a.keyword is not None and a.keyword.value == name for call, _ in sources for a in call.args):
+            raise Problem(group[0].site, "AM414", f"the names {', '.join(SCALER_NAMES)} are taken in {function.name}(): pass it a GradScaler by hand")
+        binding = Binding("param", name, function.node, None, "")
+        for call, source in sources:
+            device = self.device_at(call)
+            if device is None:
+                raise Problem(call, "AM413", f"no device binding in reach of this call of {function.name}(): bind a GradScaler for the optimizer it passes by hand")
+            home = (source.kind, id(source.home))
+            if self.shared_scaler(home, [call]) is None:
+                caller = StepPlan([], device, [source], [], [], [], None, call)
+                self.scaler_bindings[home] = self.scaler_binding([caller])
+            self.caller_devices.setdefault(home, device)
+            binding.passed.append((call, home, source))
+        return binding
+
+    def commit_passed(self, binding: Binding) -> None:
+        """The parameter added to the function, the argument to each call, and
+        the callers' scalers (and their dtypes) bound."""
+        name = binding.name
+        self.edits.replace[binding.after] = lambda updated: updated.with_changes(params=_with_parameter(updated.params, name))
+        for call, home, _ in binding.passed:
+            caller = self.scaler_bindings[home]
+            text = caller.text(self.owner_at(call))
+            self.edits.replace[call] = lambda updated, text=text: append_keyword_args(updated, [(name, cst.Name(text) if "." not in text else cst.parse_expression(text))])
+            caller.used = True
+            if caller.kind == "param":
+                self.commit_passed(caller)
+            else:
+                self.dtype_binding(self.caller_devices[home]).used = True
+
+
+def _with_parameter(params: cst.Parameters, name: str) -> cst.Parameters:
+    existing = list(params.params)
+    if existing and not isinstance(existing[-1].comma, cst.Comma):
+        existing[-1] = existing[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return params.with_changes(params=[*existing, cst.Param(cst.Name(name))])

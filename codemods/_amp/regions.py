@@ -1,0 +1,165 @@
+"""The statements a training step's autocast region takes in, and where
+`scaler.unscale_()` and `scaler.update()` go."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from .._base import CLIP_GRAD_FUNCTIONS, walk
+from ..script import vocabulary as v
+from .plan import APEX_MASTER_PARAMS, MOVES, Backward, Block, Problem, Region, is_block, method_call
+
+
+class Regions:
+    """Mixed into the codemod."""
+
+    def region_for(self, backward: Backward) -> Optional[Region]:
+        """The statements that compute the backward's loss: the last statement
+        before it that binds the loss (looking outward through `if`/`try`/`with`
+        blocks, never out of the loop or function), and before that the
+        statements of the same block it depends on. None when the user's own
+        autocast computes the loss."""
+        wanted = self.reads(backward.loss)
+        node = backward.call or backward.statement
+        current = backward.statement
+        while True:
+            block = self.parent(current)
+            body = list(block.body)
+            for position in range(body.index(current) - 1, -1, -1):
+                if self.binds(body[position]) & wanted:
+                    return self.extend_region(block, body, position, node)
+            current = self.statement_around(block, node)
+
+    def statement_around(self, block: cst.CSTNode, node: cst.CSTNode) -> cst.BaseStatement:
+        owner = self.parent(block)
+        while owner is not None and not is_block(self.parent(owner)):
+            owner = self.parent(owner)
+        if owner is None or isinstance(owner, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef)):
+            raise Problem(node, "AM410", "the loss of this backward is not computed before it in the same loop or function (forward and backward apart?): wrap the forward and the loss in `torch.autocast(device_type=device.type, dtype=amp_dtype)` and scale by hand")
+        return owner
+
+    def extend_region(self, block: Block, body: list, last: int, node: cst.CSTNode) -> Optional[Region]:
+        binding = body[last]
+        if self.contains_autocast(binding):
+            return None
+        if self.is_barrier(binding):
+            raise Problem(node, "AM410", "the loss is bound by a loop, a `with` block or a statement that steps or returns: wrap the forward and the loss in autocast by hand")
+        needed = self.reads(binding)
+        contributors = {last}
+        first = last
+        for position in range(last - 1, -1, -1):
+            candidate = body[position]
+            if self.is_barrier(candidate):
+                break
+            if self.binds(candidate) & needed:
+                contributors.add(position)
+                needed |= self.reads(candidate)
+                first = position
+        while first < last and (first not in contributors or self.is_data_statement(body[first])):
+            first += 1
+        return Region(block, body[first], body[last])
+
+    def is_barrier(self, line: cst.CSTNode) -> bool:
+        """A statement an autocast region must not take in."""
+        if isinstance(line, (cst.For, cst.While, cst.With, cst.FunctionDef, cst.ClassDef)):
+            return True
+        for child in walk(line, into_definitions=False):
+            if isinstance(child, (cst.Return, cst.Break, cst.Continue, cst.Yield, cst.Global, cst.Nonlocal, cst.Await)):
+                return True
+            if method_call(child, "backward") or method_call(child, "step"):
+                return True
+        return False
+
+    def is_data_statement(self, line: cst.CSTNode) -> bool:
+        """`x, y = batch` or `x = x.to(device)`: unpacks, moves or casts data only."""
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or not isinstance(line.body[0], cst.Assign):
+            return False
+        return all(
+            (isinstance(child.func, cst.Attribute) and child.func.attr.value in MOVES) or self.is_qualified(child.func, v.VARIABLE)
+            for child in walk(line.body[0].value, into_definitions=False)
+            if isinstance(child, cst.Call)
+        )
+
+    def merged(self, regions: list) -> list:
+        """Overlapping regions of one block merge; a region inside another's
+        statements is dropped."""
+        result: list = []
+        for region in sorted(regions, key=lambda r: self.order(r.first)):
+            previous = result[-1] if result else None
+            if previous is not None and previous.block is region.block:
+                body = list(region.block.body)
+                if body.index(region.first) <= body.index(previous.last):
+                    if body.index(region.last) > body.index(previous.last):
+                        previous.last = region.last
+                    continue
+            if not any(self.inside_region(region.first, other) for other in result):
+                result.append(region)
+        return result
+
+    def inside_region(self, node: cst.CSTNode, region: Region) -> bool:
+        body = list(region.block.body)
+        span = body[body.index(region.first): body.index(region.last) + 1]
+        return any(ancestor in span for ancestor in self.ancestors(node))
+
+    # -- unscale_ and update --------------------------------------------------------
+
+    def unscales(self, unit: cst.CSTNode, backwards: list, steps: list) -> list:
+        """(statement, optimizers, first gradient user): `scaler.unscale_()` of
+        each optimizer goes before the first statement that clips or reads
+        gradients after a backward and before the optimizer's step."""
+        events = [(self.order(b.statement), "backward", b) for b in backwards]
+        events += [(self.order(call), "step", ref) for call, ref in steps]
+        events += [(self.order(user), "gradients", user) for user in self.gradient_users(unit)]
+        events.sort(key=lambda event: event[0])
+        pending: Optional[list] = None  # gradient users since the last backward
+        users_of: dict = {}  # optimizer key -> (Ref, [users])
+        for _, kind, payload in events:
+            if kind == "backward":
+                pending = []
+            elif kind == "gradients" and pending is not None:
+                pending.append(payload)
+            elif kind == "step" and pending:
+                users_of.setdefault(payload.key, (payload, []))[1].extend(pending)
+        placements: dict = {}  # statement -> ([Ref], first user)
+        for ref, users in users_of.values():
+            statements = [self.statement_in_unit(user, unit) for user in users]
+            _, anchors = self.common_block(statements)
+            anchor = min(anchors, key=self.order)
+            if not any(self.ends_before(b.statement, anchor) for b in backwards):
+                raise Problem(users[0], "AM415", "gradients are clipped or read where scaler.unscale_(optimizer) cannot go between the backward and the step: unscale by hand")
+            placements.setdefault(anchor, ([], users[0]))[0].append(ref)
+        return [(anchor, refs, user) for anchor, (refs, user) in placements.items()]
+
+    def gradient_users(self, unit: cst.CSTNode) -> list:
+        """Clipping calls and reads of `.grad` in the unit."""
+        users = [c for c in self.calls_within(unit) if self.is_call_to(c, CLIP_GRAD_FUNCTIONS | {APEX_MASTER_PARAMS})]
+        grads = [n for n in walk(unit, into_definitions=False) if isinstance(n, cst.Attribute) and n.attr.value == "grad"]
+        for attribute in grads:
+            if (
+                not self.facts.stored(attribute)
+                and not self.only_clears(attribute)
+                and not any(self.within(attribute, c) or attribute is c for c in users)
+            ):
+                users.append(attribute)
+        return users
+
+    def only_clears(self, attribute: cst.Attribute) -> bool:
+        """`p.grad.zero_()`, `p.grad.detach_()`, `if p.grad is not None`."""
+        parent = self.parent(attribute)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("zero_", "detach_", "requires_grad_"):
+            return True
+        return isinstance(parent, cst.Comparison) and all(isinstance(c.operator, (cst.Is, cst.IsNot)) for c in parent.comparisons)
+
+    def update_anchor(self, steps: list) -> cst.BaseStatement:
+        """The statement after which `scaler.update()` runs once per iteration
+        in which the optimizers stepped: after the last step, or after the
+        branch that holds it when an unconditional step comes first."""
+        lines = [self.own_line(call) for call, _ in steps]
+        _, anchors = self.common_block(lines)
+        distinct = {id(line) for line in lines}
+        if len(distinct) > 1 and not any(anchor is line for anchor, line in zip(anchors, lines)):
+            raise Problem(steps[0][0], "AM415", "the optimizers step only in separate branches: call scaler.update() once per iteration, after the last scaler.step(), by hand")
+        return max(anchors, key=self.order)
+
