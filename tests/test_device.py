@@ -331,6 +331,63 @@ def test_calls_that_a_test_expects_to_raise_are_left_alone():
     assert not result.findings
 
 
+# A library that also runs something under `if __name__ == "__main__":` is
+# imported far more often than it is run: the guard's own code may choose the
+# device, inside the guard; the library's functions follow their callers.
+LIBRARY_WITH_BENCHMARK = FIXTURES / "device" / "library_self_test.py"
+
+
+@pytest.mark.slow
+def test_importing_a_migrated_library_whose_main_guard_benchmarks_it_chooses_no_device(tmp_path):
+    library = tmp_path / "softmax_kernels.py"
+    library.write_text(migrate(LIBRARY_WITH_BENCHMARK.read_text()))
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys\n"
+        "import softmax_kernels\n"
+        "print(hasattr(softmax_kernels, 'device'), 'accelmigrate.runtime.device' in sys.modules)\n"
+        "print(softmax_kernels.stable_softmax(softmax_kernels.torch.ones(2, 3)).sum().item())\n"
+    )
+    result = run_python(probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False", "2.0"]  # no device bound, the runtime not even imported
+
+
+TEST_SUITE = (
+    "import unittest\n\nimport torch\n\n\nclass TestDoubling(unittest.TestCase):\n"
+    "    def test_double(self):\n        x = torch.ones(2).cuda()\n        self.assertEqual((x + x).sum().item(), 4.0)\n\n\n"
+    "if __name__ == '__main__':\n    unittest.main()\n"
+)
+
+
+def test_a_main_guard_that_runs_no_function_with_placements_adds_no_module_level_device():
+    result = migrate_source(TEST_SUITE, PLAN)
+    assert result.code == TEST_SUITE  # the test methods run under unittest's discovery, not from the guard
+    assert [(f.line, f.code, f.fixed) for f in result.findings] == [(8, "AM311", False)]
+
+
+def test_a_model_module_whose_main_guard_smoke_tests_it_binds_the_device_inside_the_guard():
+    source = (
+        "import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 2)\n\n    def forward(self, x):\n        return self.fc(x)\n\n\n"
+        "if __name__ == '__main__':\n    net = Net().cuda()\n    print(net(torch.randn(3, 4).cuda()).shape)\n"
+    )
+    assert migrate(source) == source.replace(
+        "if __name__ == '__main__':\n",
+        "if __name__ == '__main__':\n    from accelmigrate.runtime.device import get_device\n\n    device = get_device()\n",
+    ).replace(".cuda()", ".to(device)")  # importing the module imports and chooses nothing
+
+
+@pytest.mark.parametrize("guard", ["main()", "torch.multiprocessing.spawn(main, nprocs=1)", "threading.Thread(target=main).start()"])
+def test_functions_that_the_main_guard_calls_or_passes_on_place_on_the_scripts_device(guard):
+    source = (
+        "import threading\n\nimport torch\n\n\ndef main(*_):\n    print(torch.ones(2).cuda().sum())\n\n\n"
+        f"if __name__ == '__main__':\n    {guard}\n"
+    )
+    code = migrate(source)
+    assert "\ndevice = get_device()\n" in code and "torch.ones(2).to(device)" in code
+
+
 # Files of the installed torch that the codemod used to change although they hold
 # no training loop: `Module.cuda(device=None)` became a no-op `.to(device)`, a
 # test's `remote_module.cuda()` inside assertRaises got a device bound at import,
