@@ -264,8 +264,18 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         self._binding_name = name
         if not all(self._is_device_binding(b) for b in self.script.module_scope.bindings.get(name, ())):
             return False
+        if self._read_unbound(name):
+            return False  # a module-level binding would give that read a meaning it never had
         return not any(
             self._needs_device(call) and self._chooses_device(call) and self._placement(call) == "" for call in self.facts.calls
+        )
+
+    def _read_unbound(self, name: str) -> bool:
+        """`name` is read somewhere that no binding in the file reaches."""
+        index = self.script.index
+        return any(
+            self.facts.uses.is_read(node) and index.home_of(name, index.scope_of(node)) is None
+            for node in self.facts.uses.names.get(name, ())
         )
 
     # Library modules, and code that runs at import or expects an error.
