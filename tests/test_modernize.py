@@ -257,3 +257,22 @@ def test_variable_of_an_expression_keeps_its_precedence():
     )
     result = migrate_source(source, MODERNIZE)
     assert result.code.splitlines()[-2:] == ["y = (a + b).sum()", "z = (a * 2).requires_grad_()"]
+
+
+def test_indexing_a_plain_name_is_not_a_failure():
+    """`sizes[0]` on a name that adds up nothing reaches the running-total check
+    (every file with `name[0]` does): it must answer, not fail the codemod."""
+    source = (
+        "import torch\n\n"
+        "sizes = [3, 4]\n"
+        "first = sizes[0]\n"
+        "total = 0\n"
+        "for x in torch.randn(2, 3):\n"
+        "    loss = (x * 2).sum()\n"
+        "    loss.backward()\n"
+        "    total += loss.data\n"
+        "print(first, total[0])\n"
+    )
+    result = migrate_source(source, [("modernize", {})])
+    assert not [f for f in result.findings if f.code == "AM000"], result.findings
+    assert "total += loss.item()" in result.code and "print(first, total)" in result.code

@@ -148,6 +148,9 @@ class OneNumber:
                 return True
         return False
 
+    def is_data_total(self, name: cst.Name) -> bool:
+        return any(self._adds_data(b) for b in self.model.bindings_of(name.value, name))
+
     def _adds_data(self, binding: Binding) -> bool:
         value = binding.statement.value if binding.kind == "augassign" else _self_addition(binding)
         return value is not None and any(
