@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
+from libcst.metadata import ParentNodeProvider, PositionProvider
 
 # The script model of the latest version of a file (its MetadataWrapper):
 # codemods run one version at a time, so one entry serves them all.
@@ -63,11 +63,11 @@ class Codemod(cst.CSTTransformer):
     # every spelling of what the codemod matches must contain one of them.
     triggers: ClassVar[Sequence[str]]
 
-    # Resolved before the visit. Positions and parents are answered on demand
-    # instead (see get_metadata): most files give most codemods nothing to
-    # report, and a parent map built by reading fields costs a quarter of
-    # LibCST's ParentNodeProvider.
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    # No LibCST metadata is resolved before the visit (LibCST unions this over
+    # the class hierarchy, so it must stay empty here): names, scopes and
+    # parents come from the shared script model (`self.script`), and positions
+    # are resolved only when a codemod reports (see get_metadata).
+    METADATA_DEPENDENCIES = ()
 
     def __init__(
         self,
@@ -163,8 +163,8 @@ class Codemod(cst.CSTTransformer):
 
     # -- matching by meaning -------------------------------------------------
 
-    def qualified_names(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+    def qualified_names(self, node: cst.CSTNode) -> frozenset:
+        return self.script.qualified_names(node)
 
     def is_qualified(self, node: cst.CSTNode, names: Collection[str]) -> bool:
         """True when `node` (a Name, Attribute or Call's func) refers to one of `names`."""
@@ -174,7 +174,7 @@ class Codemod(cst.CSTTransformer):
         return isinstance(node, cst.Call) and self.is_qualified(node.func, names)
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.get_metadata(ParentNodeProvider, node, None)
+        return self.script.parent(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
         current = self.parent(node)

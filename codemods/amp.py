@@ -180,7 +180,6 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         ".amp", "apex", "autocast", "GradScaler", "custom_fwd", "custom_bwd",
     )
 
-    METADATA_DEPENDENCIES = ()  # names, scopes and parents come from the script model
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

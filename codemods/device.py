@@ -181,7 +181,6 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
     # Every match contains "cuda" (`.cuda(`, "cuda" strings, `torch.cuda.`,
     # `from torch import cuda`) or "load" (`torch.load`, `from torch import load`).
     triggers = ("cuda", "load")
-    METADATA_DEPENDENCIES = ()  # names, scopes and parents come from the script model
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -195,23 +194,6 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         self._uses_runtime = False
         self._import_in_guard = False  # SELF_TEST: `from ... import get_device` at the top of the guard
         self._several_gpus = False  # the file names a GPU other than 0
-
-    # -- names, parents: from the script model ---------------------------------------------
-
-    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.script.parent(node)
-
-    def ancestors(self, node: cst.CSTNode):
-        return self.script.ancestors(node)
-
-    def qualified_names(self, node: cst.CSTNode) -> frozenset:
-        return self.script.qualified_names(node)
-
-    def is_qualified(self, node: cst.CSTNode, names) -> bool:
-        return self.script.is_qualified(node, names)
-
-    def is_call_to(self, node: cst.CSTNode, names) -> bool:
-        return self.script.is_call_to(node, names)
 
     # -- planning ---------------------------------------------------------------------------
 

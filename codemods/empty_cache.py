@@ -43,12 +43,11 @@ from typing import Union
 
 import libcst as cst
 
-from ._base import remove_statements
-from ._ddp.queries import ScriptNames
+from ._base import Codemod, remove_statements
 from .script.vocabulary import EMPTY_CACHE
 
 
-class EmptyCache(ScriptNames):
+class EmptyCache(Codemod):
     word = "empty-cache"
     summary = "remove torch.cuda.empty_cache() from loop bodies (a device sync every iteration)"
     codes = {
@@ -56,7 +55,6 @@ class EmptyCache(ScriptNames):
         "AM211": "torch.cuda.empty_cache() outside a loop: review it",
     }
     triggers = ("empty_cache",)
-    METADATA_DEPENDENCIES = ()  # names and parents come from the script model
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -65,14 +65,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._base import code_of
-from ._ddp.queries import ScriptNames
+from ._base import Codemod, code_of
 from ._item.analysis import Analysis
 from ._item.syntax import Expression, Need, Store, Verdict
 from .script.item_facts import item_facts
 
 
-class Item(ScriptNames):
+class Item(Codemod):
     word = "item"
     summary = "store loss.item() / loss.detach(), not the loss and its graph, across iterations"
     codes = {
@@ -81,7 +80,6 @@ class Item(ScriptNames):
         "AM203": "a loss kept across iterations with its graph, whose later use cannot be followed: detach it by hand",
     }
     triggers = ("backward",)
-    METADATA_DEPENDENCIES = ()  # names, scopes and parents come from the script model
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

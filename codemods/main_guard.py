@@ -123,7 +123,6 @@ class MainGuard(Codemod):
         "AM123": 'code outside the `if __name__ == "__main__":` block trains, starts processes or goes through a loader',
     }
     triggers = ("DataLoader", "backward", "spawn", "Process", "Pool", "start_processes")
-    METADATA_DEPENDENCIES = ()  # the script model resolves the names
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -104,7 +104,6 @@ class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans,
         "uniform", "normal", "constant", "eye", "dirac", "orthogonal", "sparse",
     )  # fmt: skip
     # Names come from the script model: LibCST's own resolution is not needed.
-    METADATA_DEPENDENCIES = ()
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

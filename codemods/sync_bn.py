@@ -51,9 +51,8 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from ._base import has_star_args, keyword_arg
+from ._base import Codemod, has_star_args, keyword_arg
 from ._ddp.common import is_plain_reference
-from ._ddp.queries import ScriptNames
 from .script import vocabulary as v
 from .script.ddp_facts import uses_of
 from .script.ddp_spelling import is_unbound, spelling_at
@@ -66,7 +65,7 @@ SYNC_BATCH_NORM_PATHS = (("torch", "nn.SyncBatchNorm"), ("torch.nn", "SyncBatchN
 PROCESS_GROUP_POSITION = 6
 
 
-class SyncBatchNorm(ScriptNames):
+class SyncBatchNorm(Codemod):
     word = "sync-bn"
     summary = "BatchNorm -> SyncBatchNorm before DistributedDataParallel wraps the model"
     requires = ("ddp",)

@@ -126,8 +126,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ._base import append_keyword_args, dotted_name, has_star_args, keyword_arg, walk
-from ._ddp.queries import ScriptNames
+from ._base import Codemod, append_keyword_args, dotted_name, has_star_args, keyword_arg, walk
 from .script.vocabulary import DATALOADER, ITERABLE_DATASET_BASES
 from .script.workers_facts import workers_facts
 
@@ -156,7 +155,7 @@ SPAWNED = (
 )
 
 
-class Workers(ScriptNames):
+class Workers(Codemod):
     word = "workers"
     summary = "DataLoader: worker processes sized to this process's cores, pinned memory"
     codes = {
@@ -172,7 +171,6 @@ class Workers(ScriptNames):
     # A flat script gets its main guard first, so that spawned workers can
     # import it; where main-guard refuses, AM104 says what to do by hand.
     requires = ("main-guard",)
-    METADATA_DEPENDENCIES = ()  # names, scopes and parents come from the script model
 
     @classmethod
     def check_options(cls, options) -> None:

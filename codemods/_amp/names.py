@@ -27,18 +27,6 @@ class Resolution:
     facts: AmpFacts
     tree: cst.Module
 
-    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.script.parent(node)
-
-    def qualified_names(self, node: cst.CSTNode) -> frozenset:
-        return self.script.qualified_names(node)
-
-    def is_qualified(self, node: cst.CSTNode, names) -> bool:
-        return self.script.is_qualified(node, names)
-
-    def is_call_to(self, node: cst.CSTNode, names) -> bool:
-        return self.script.is_call_to(node, names)
-
     # -- order ---------------------------------------------------------------------
 
     def order(self, node: cst.CSTNode) -> int:

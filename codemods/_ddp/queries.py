@@ -18,18 +18,7 @@ from ..script.flow import CallSite, Function
 from .common import Var, last_name
 
 
-class ScriptNames(Codemod):
-    """Names and parents from the shared model rather than LibCST's metadata
-    (also for sync-bn, which runs on what ddp wrote)."""
-
-    def qualified_names(self, node: cst.CSTNode) -> frozenset:
-        return self.script.qualified_names(node)
-
-    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.script.parent(node)
-
-
-class ScriptQueries(ScriptNames):
+class ScriptQueries(Codemod):
     """Questions about the script being migrated, for the parts of ddp."""
 
     def _target_var(self, target: cst.BaseExpression) -> Optional[Var]:
