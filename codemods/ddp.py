@@ -114,7 +114,7 @@ from ._ddp.loaders import LoaderSharding
 from ._ddp.output import RankZeroOutput
 from ._ddp.wrap import ModelWrapping
 from .script import vocabulary as v
-from .script.ddp_facts import uses_of
+from .script.uses import uses_of
 
 # Names the migrated code uses; a file that binds one of them otherwise is left alone.
 ADDED_NAMES = {

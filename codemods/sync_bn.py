@@ -54,7 +54,7 @@ import libcst as cst
 from ._base import Codemod, has_star_args, keyword_arg
 from ._ddp.common import is_plain_reference
 from .script import vocabulary as v
-from .script.ddp_facts import uses_of
+from .script.uses import uses_of
 from .script.ddp_spelling import is_unbound, spelling_at
 
 CONVERT = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm", "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm"})

@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 
 from accelmigrate.codemods import UnknownCodemod
-from accelmigrate.codemods.script.ddp_facts import uses_of
+from accelmigrate.codemods.script.uses import uses_of
 from accelmigrate.codemods.script.ddp_spelling import is_unbound, reads_import_of, spelling_at
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime import distributed

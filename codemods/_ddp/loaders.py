@@ -12,7 +12,7 @@ import libcst as cst
 
 from .._base import append_keyword_args, has_star_args, keyword_arg, walk
 from ..script import vocabulary as v
-from ..script.ddp_facts import FOLLOW_DEPTH
+from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
 )

@@ -13,7 +13,7 @@ from libcst.metadata import PositionProvider
 
 from .._base import Codemod, dotted_name
 from ..script import vocabulary as v
-from ..script.ddp_facts import FOLLOW_DEPTH
+from ..script.uses import FOLLOW_DEPTH
 from ..script.flow import CallSite, Function
 from .common import Var, last_name
 

@@ -13,7 +13,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 
 from .._base import is_main_guard, keyword_arg, walk
 from ..script import vocabulary as v
-from ..script.ddp_facts import FOLLOW_DEPTH
+from ..script.uses import FOLLOW_DEPTH
 from .common import RUNTIME, CannotMigrate, Insertion, Var, as_atom, call_of, first_positional, keyword_of
 from .queries import ScriptQueries
 

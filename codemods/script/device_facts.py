@@ -17,7 +17,7 @@ from typing import Optional
 import libcst as cst
 
 from .._base import walk
-from .ddp_facts import uses_of
+from .uses import uses_of
 from .model import ScriptModel
 
 _cache: "weakref.WeakKeyDictionary[ScriptModel, DeviceFacts]" = weakref.WeakKeyDictionary()

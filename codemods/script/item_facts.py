@@ -14,7 +14,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .ddp_facts import uses_of
+from .uses import uses_of
 from .model import ScriptModel
 from .scopes import BUILTINS, Scope
 

@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from .._base import dotted_name
-from .ddp_facts import uses_of
+from .uses import uses_of
 from .model import ScriptModel
 from .vocabulary import DATALOADER_MODULES
 

@@ -1,6 +1,6 @@
-"""Facts the `ddp` and `sync-bn` codemods read beyond the shared model: every
-call in source order, where each name is read, and which calls lead to a
-backward pass.
+"""Uses of names and calls, shared by the codemods beyond the model itself
+(ddp, sync-bn, device, item, workers): every call in source order, where
+each name is read, and which calls lead to a backward pass.
 
 `uses_of(model)` computes them once per model (one pass over the nodes the
 model already ordered) and keeps them as long as the model lives.
