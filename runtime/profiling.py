@@ -33,10 +33,8 @@ import argparse
 import faulthandler
 import json
 import os
-import runpy
 import sys
 import time
-import traceback
 import warnings
 import weakref
 from typing import Any, Optional
@@ -46,13 +44,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dataloader
 
+from .script_runner import StopScript, run_script
+
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _SYNC_WARNING = "called a synchronizing CUDA operation"
 _KEY = "_accelmigrate_profile_key"
-
-
-class _StopProfiling(BaseException):
-    """Raised from the optimizer hook once enough steps were measured."""
 
 
 class Recorder:
@@ -183,7 +179,7 @@ class Recorder:
             return
         self._end_step()
         if len(self.steps) >= self.steps_wanted:
-            raise _StopProfiling()
+            raise StopScript()
 
     def _end_step(self) -> None:
         on_cuda = self.device is not None and self.device.startswith("cuda")
@@ -297,38 +293,6 @@ def _utilization() -> Optional[float]:
         return None
 
 
-def _run_script(path: str, script_args: list[str]) -> tuple[str, int, Optional[str]]:
-    """Run the script; (status, exit code, traceback text)."""
-    sys.argv = [path, *script_args]
-    sys.path[0] = os.path.dirname(os.path.abspath(path))
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except _StopProfiling:
-        return "stopped", 0, None
-    except SystemExit as exit:
-        code = exit.code
-        if code is None or code == 0:
-            return "finished", 0, None
-        if not isinstance(code, int):
-            print(code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
-            return "exited", 1, None
-        return "exited", code, None
-    except KeyboardInterrupt:
-        return "interrupted", 130, None
-    except Exception as error:
-        error.__traceback__ = _from_frame_of(os.path.abspath(path), error.__traceback__)
-        text = "".join(traceback.format_exception(error))
-        sys.stderr.write(text)
-        return "failed", 1, text
-    return "finished", 0, None
-
-
-def _from_frame_of(path: str, tb):
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != path:
-        tb = tb.tb_next
-    return tb
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m accelmigrate.runtime.profiling")
     parser.add_argument("--steps", type=int, required=True)
@@ -340,7 +304,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     faulthandler.enable()
     recorder = Recorder(options.script, options.steps)
     recorder.install()
-    status, exit_code, error = _run_script(options.script, options.script_args)
+    status, exit_code, error = run_script(options.script, options.script_args)
     result = {
         "version": 1,
         "script": options.script,

@@ -1,0 +1,333 @@
+"""`accelmigrate verify`: does the migrated script still train the same?
+
+    accelmigrate verify train.py --to workers,item --steps 10 -- --epochs 1
+
+Migrates a copy of SCRIPT (the file itself is never written), runs the
+original and the copy for K optimizer steps each, both seeded alike and
+measured from outside (`accelmigrate.runtime.verifying`), and prints the loss
+of each step side by side with a verdict: "same" (exit 0) or the first step
+where they part (exit 1). A migration that changes nothing is "unchanged"
+(exit 0, nothing is run). A script that fails, or a migration that cannot be
+made, exits 2.
+
+What "the same" means depends on the words:
+- most words (workers, item, empty-cache, modernize, main-guard, device, and
+  amp where the runtime keeps fp32, as on a CPU): the same losses and weights
+  up to float rounding;
+- amp in 16-bit precision (bf16 or fp16 autocast ran): a relative tolerance;
+- accumulate=N: the migrated script (N micro-batches per step) against the
+  original with N times larger batches: the same big-batch steps;
+- ddp: the migrated script on N processes (`--nproc-per-node`, torchrun over
+  gloo or NCCL; each rank loads its share of the original batch) against the
+  original: the mean of the ranks' losses, and every rank ending each step
+  with the same weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import click
+
+from accelmigrate.codemods import UnknownCodemod, parse_words, resolve
+from accelmigrate.engine import MigrationError, migrate_source, plan_of
+from accelmigrate.sources import TEMPORARY_SUFFIX, InputError, read_source
+from accelmigrate.torch_check import require_torch
+
+EXIT_SAME, EXIT_DIFFER, EXIT_ERROR = 0, 1, 2
+RECORDER = "accelmigrate.runtime.verifying"
+
+# Relative tolerances. Float rounding: the same arithmetic in another order
+# (a sum over ranks or micro-batches); 16-bit autocast: a loss within a few
+# percent of fp32's over the first steps of training.
+ROUNDING_RTOL = 1e-4
+EXACT_RTOL = 1e-6
+LOW_PRECISION_RTOL = {"bfloat16": 0.05, "float16": 0.02}
+ABSOLUTE_FLOOR = 1e-6  # differences below it are equal, whatever the scale
+
+
+class VerifyError(Exception):
+    """A run or a migration that could not be made; the message says which."""
+
+
+@dataclasses.dataclass
+class Comparison:
+    """Two runs' steps side by side, and where they part."""
+
+    rows: list[dict[str, Any]]
+    rtol: float
+    first_difference: Optional[int] = None  # 1-based step
+    reason: Optional[str] = None
+
+    @property
+    def same(self) -> bool:
+        return self.first_difference is None
+
+
+# --- what to run --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """How the reference and the migrated run are made comparable."""
+
+    batch_scale: int  # the reference's DataLoaders yield this many times larger batches
+    processes: int  # the migrated script runs on this many processes (1: plain python)
+    rtol: float
+
+
+def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
+    if "batch-scale" in words:
+        raise VerifyError("batch-scale changes the training on purpose (batch size and learning rate): nothing to compare")
+    accumulate = int(words["accumulate"].get("value", "1")) if "accumulate" in words else 1
+    processes = processes if "ddp" in words else 1
+    # ddp keeps the global batch (each rank loads its share of it), so only
+    # accumulation makes the migrated step bigger than the original's.
+    summed = accumulate > 1 or processes > 1
+    return Setup(batch_scale=accumulate, processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
+
+
+def migrated_copy(script: Path, words_spec: str) -> tuple[str, str, dict[str, dict[str, str]]]:
+    """(original text, migrated text, words with options) of SCRIPT."""
+    try:
+        words = parse_words(words_spec)
+        plan = plan_of(resolve(words))
+        source = read_source(script)
+        migration = migrate_source(source.text, plan, str(script))
+    except (UnknownCodemod, InputError, MigrationError) as error:
+        raise VerifyError(str(error)) from None
+    return source.text, migration.code, {word: dict(options) for word, options in plan}
+
+
+def _environment(folder: str, steps: int, batch_scale: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ACCELMIGRATE_VERIFY_OUT=folder,
+        ACCELMIGRATE_VERIFY_STEPS=str(steps),
+        ACCELMIGRATE_VERIFY_BATCH_SCALE=str(batch_scale),
+    )
+    # One thread per process in both runs, as torchrun gives each rank: the
+    # same order of float sums, so "exact" can mean exact.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def record_run(script: str, script_args: Sequence[str], steps: int, *, batch_scale: int = 1, processes: int = 1) -> list[dict]:
+    """Run SCRIPT under the recorder; one record per rank."""
+    with tempfile.TemporaryDirectory(prefix="accelmigrate-verify-") as folder:
+        if processes > 1:
+            command = [sys.executable, "-m", "accelmigrate.verify", "--launch", str(processes), script, *script_args]
+        else:
+            command = [sys.executable, "-m", RECORDER, script, *script_args]
+        child = subprocess.run(command, env=_environment(folder, steps, batch_scale), capture_output=True, text=True)
+        records = [_read(os.path.join(folder, f"rank{rank}.json")) for rank in range(processes)]
+    failed = [r for r in records if r is None or r["status"] not in ("stopped", "finished")]
+    if child.returncode != 0 or failed:
+        tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-15:])
+        raise VerifyError(f"{script} failed (exit code {child.returncode}):\n{tail}")
+    return records
+
+
+def _read(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except OSError:
+        return None
+
+
+# --- comparing ----------------------------------------------------------------------
+
+
+def _close(a: Optional[float], b: Optional[float], rtol: float) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= max(ABSOLUTE_FLOOR, rtol * max(abs(a), abs(b)))
+
+
+def _relative(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        return None
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale else 0.0
+
+
+def merge_ranks(records: list[dict]) -> list[dict]:
+    """One step list from every rank's: the mean loss, rank 0's weights, and
+    the largest relative difference of any rank's weights from rank 0's."""
+    merged = []
+    for index, step in enumerate(records[0]["steps"]):
+        peers = [r["steps"][index] for r in records if index < len(r["steps"])]
+        losses = [p["loss"] for p in peers if p["loss"] is not None]
+        spread = max(
+            (_relative(p["params"][i], step["params"][i]) or 0.0 for p in peers for i in range(len(step["params"]))),
+            default=0.0,
+        )
+        merged.append({**step, "loss": sum(losses) / len(losses) if losses else None, "rank_spread": spread, "ranks": len(peers)})
+    return merged
+
+
+def compare(reference: list[dict], migrated: list[dict], rtol: float, processes: int = 1) -> Comparison:
+    rows, comparison = [], Comparison(rows=[], rtol=rtol)
+    for index in range(max(len(reference), len(migrated))):
+        before = reference[index] if index < len(reference) else None
+        after = migrated[index] if index < len(migrated) else None
+        row = {
+            "step": index + 1,
+            "optimizer": (before or after)["optimizer"],
+            "original_loss": before and before["loss"],
+            "migrated_loss": after and after["loss"],
+        }
+        row["relative_difference"] = _relative(row["original_loss"], row["migrated_loss"])
+        rows.append(row)
+        if comparison.first_difference is None:
+            reason = _difference(before, after, rtol, processes)
+            if reason:
+                comparison.first_difference, comparison.reason = index + 1, reason
+    comparison.rows = rows
+    return comparison
+
+
+def _difference(before: Optional[dict], after: Optional[dict], rtol: float, processes: int) -> Optional[str]:
+    if before is None or after is None:
+        return "the original stopped earlier" if before is None else "the migrated script stopped earlier"
+    if before["optimizer"] != after["optimizer"]:
+        return f"optimizer {after['optimizer'] + 1} stepped where the original stepped optimizer {before['optimizer'] + 1}"
+    if after.get("ranks", processes) < processes:
+        return f"only {after['ranks']} of {processes} ranks reached this step"
+    if after.get("rank_spread", 0.0) > EXACT_RTOL:
+        return f"the ranks' weights differ (relative {after['rank_spread']:.1e}): gradients are not averaged across ranks"
+    if not _close(before["loss"], after["loss"], rtol):
+        return f"loss {_number(before['loss'])} against {_number(after['loss'])}"
+    if not all(_close(a, b, rtol) for a, b in zip(before["params"], after["params"])):
+        return "the weights after the step differ"
+    return None
+
+
+def _number(value: Optional[float]) -> str:
+    return "none" if value is None else f"{value:.6g}"
+
+
+# --- the command --------------------------------------------------------------------
+
+
+def verify(script: Path, words_spec: str, steps: int, processes: int, script_args: Sequence[str], rtol: Optional[float]) -> dict:
+    """Run both and compare; the result as a dict (also the JSON output)."""
+    original_text, migrated_text, words = migrated_copy(script, words_spec)
+    setup = setup_for(words, processes)
+    if migrated_text == original_text:
+        return {"script": str(script), "words": list(words), "verdict": "unchanged", "steps": []}
+    reference = record_run(str(script), script_args, steps, batch_scale=setup.batch_scale)[0]
+    copy = _write_copy(script, migrated_text)
+    try:
+        migrated = record_run(copy, script_args, steps, processes=setup.processes)
+    finally:
+        os.unlink(copy)
+    low_precision = sorted({dtype for record in migrated for dtype in record["low_precision"]})
+    tolerance = rtol if rtol is not None else max([setup.rtol, *(LOW_PRECISION_RTOL[d] for d in low_precision)])
+    comparison = compare(reference["steps"], merge_ranks(migrated), tolerance, setup.processes)
+    return {
+        "script": str(script),
+        "words": list(words),
+        "steps": comparison.rows,
+        "processes": setup.processes,
+        "reference_batch_scale": setup.batch_scale,
+        "low_precision": low_precision,
+        "rtol": tolerance,
+        "verdict": "same" if comparison.same else "differ",
+        "first_differing_step": comparison.first_difference,
+        "reason": comparison.reason,
+    }
+
+
+def _write_copy(script: Path, text: str) -> str:
+    """The migrated copy, beside the script (so its relative paths and
+    neighbouring modules resolve alike), named as `apply`'s temporary files
+    are, so that a later `apply` removes one a killed run left behind."""
+    handle, path = tempfile.mkstemp(prefix=f".{script.name}.{os.getpid()}.", suffix=TEMPORARY_SUFFIX, dir=script.parent)
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    return path
+
+
+def render(result: dict) -> None:
+    if result["verdict"] == "unchanged":
+        click.echo(f"unchanged: --to {','.join(result['words'])} changes nothing in {result['script']}; nothing to compare")
+        return
+    click.echo(f"{'step':>4}  {'opt':>3}  {'original loss':>14}  {'migrated loss':>14}  {'rel. diff':>9}")
+    for row in result["steps"]:
+        relative = row["relative_difference"]
+        click.echo(
+            f"{row['step']:>4}  {row['optimizer'] + 1:>3}  {_number(row['original_loss']):>14}  "
+            f"{_number(row['migrated_loss']):>14}  {'-' if relative is None else f'{relative:.1e}':>9}"
+        )
+    how = _how(result)
+    if result["verdict"] == "same":
+        click.echo(f"same: {len(result['steps'])} steps agree within a relative {result['rtol']:.0e} ({how})")
+    else:
+        click.echo(f"differ: from step {result['first_differing_step']}: {result['reason']} ({how})")
+
+
+def _how(result: dict) -> str:
+    parts = [f"--to {','.join(result['words'])}"]
+    if result["processes"] > 1:
+        parts.append(f"{result['processes']} processes against one")
+    if result["reference_batch_scale"] > 1:
+        parts.append(f"the original with {result['reference_batch_scale']}x larger batches")
+    if result["low_precision"]:
+        parts.append(f"autocast in {', '.join(result['low_precision'])}")
+    return "; ".join(parts)
+
+
+@click.command("verify", context_settings={"ignore_unknown_options": True})
+@click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--to", "words", required=True, help="Codemods to verify, as for apply (e.g. workers,item or ddp).")
+@click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1), help="Optimizer steps to compare.")
+@click.option("--nproc-per-node", "processes", default=2, show_default=True, type=click.IntRange(min=2), help="Processes for ddp.")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance instead of the one the words call for.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+def verify_command(script, script_args, words, steps, processes, rtol, output_format, as_json):
+    """Run SCRIPT and a migrated copy of it for K steps each, and compare.
+
+    Exit 0 when they train the same, 1 when they part (the first such step is
+    named), 2 when a run or the migration fails. Arguments after `--` go to
+    the script."""
+    if not words.strip():
+        raise click.UsageError("--to needs at least one codemod")
+    require_torch("verify")
+    try:
+        result = verify(script, words, steps, processes, script_args, rtol)
+    except VerifyError as error:
+        click.echo(f"accelmigrate verify: {error}", err=True)
+        sys.exit(EXIT_ERROR)
+    if as_json or output_format == "json":
+        click.echo(json.dumps(result, indent=2))
+    else:
+        render(result)
+    sys.exit(EXIT_DIFFER if result["verdict"] == "differ" else EXIT_SAME)
+
+
+def _launch(processes: int, script: str, script_args: Sequence[str]) -> int:
+    """The migrated copy on PROCESSES ranks, each under the recorder."""
+    from accelmigrate.runner import launch, torchrun_args
+
+    return launch(torchrun_args(script, script_args, nproc_per_node=processes, entry_module=RECORDER))
+
+
+if __name__ == "__main__":
+    # python -m accelmigrate.verify --launch N SCRIPT ARGS (started by `verify` for ddp)
+    if len(sys.argv) < 4 or sys.argv[1] != "--launch":
+        sys.exit("usage: python -m accelmigrate.verify --launch N SCRIPT [ARGS...] (started by `accelmigrate verify`)")
+    sys.exit(_launch(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))

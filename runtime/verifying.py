@@ -1,0 +1,180 @@
+"""Record a training script's losses and weights, for `accelmigrate verify`.
+
+    ACCELMIGRATE_VERIFY_OUT=FOLDER ACCELMIGRATE_VERIFY_STEPS=K \\
+        python -m accelmigrate.runtime.verifying SCRIPT [ARGS...]
+
+Runs SCRIPT unchanged, as `python SCRIPT ARGS` would (also as the entry
+module of each rank under torchrun), after seeding Python's, numpy's and
+torch's generators with 0 and installing probes on torch's own classes:
+
+- every `backward()` adds its root's value to the loss of the current step
+  (the value before a GradScaler scaled it), so K accumulated micro-batches
+  of `loss / K` add up to the mean loss of the big batch;
+- every optimizer `step()` closes a step: its loss, and a checksum of that
+  optimizer's parameters (their sum and sum of squares, in float64);
+- `torch.autocast` regions entered with a 16-bit dtype are noted, so that
+  `verify` knows which tolerance applies;
+- with ACCELMIGRATE_VERIFY_BATCH_SCALE=N every DataLoader given a
+  `batch_size` yields N times larger batches: the big-batch reference for a
+  migration to gradient accumulation or to N processes.
+
+After K optimizer steps the script is stopped. The record goes to
+FOLDER/rank<RANK>.json; the process then ends at once (a process group left
+up must not abort the interpreter's teardown).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import random
+import sys
+from typing import Any, Optional
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader
+
+from .script_runner import StopScript, run_script
+
+SEED = 0
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class Recorder:
+    """Losses and parameter checksums, one entry per optimizer step."""
+
+    def __init__(self, steps_wanted: int) -> None:
+        self.steps_wanted = steps_wanted
+        self.steps: list[dict[str, Any]] = []
+        self.low_precision: set[str] = set()
+        self._pending_loss = 0.0
+        self._backwards = 0
+        self._scaled: dict[int, float] = {}  # id of a scaled loss -> the loss's value
+        self._optimizers: list[Any] = []
+
+    def install(self, batch_scale: int) -> None:
+        register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._probe_backward()
+        self._probe_grad_scaler()
+        self._probe_autocast()
+        if batch_scale > 1:
+            _scale_batches(batch_scale)
+
+    def _probe_backward(self) -> None:
+        recorder, original = self, torch.autograd.backward
+
+        def backward(tensors, *args, **kwargs):
+            roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            for root in roots:
+                recorder._note_backward(root)
+            return original(tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward
+
+    def _note_backward(self, root: torch.Tensor) -> None:
+        value = self._scaled.pop(id(root), None)
+        if value is None:
+            value = float(root.detach().float().sum())
+        self._pending_loss += value
+        self._backwards += 1
+
+    def _probe_grad_scaler(self) -> None:
+        recorder, original = self, torch.amp.GradScaler.scale
+
+        def scale(scaler, outputs):
+            scaled = original(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor):
+                recorder._scaled[id(scaled)] = float(outputs.detach().float().sum())
+            return scaled
+
+        torch.amp.GradScaler.scale = scale
+
+    def _probe_autocast(self) -> None:
+        recorder, original = self, torch.autocast.__enter__
+
+        def enter(context):
+            if getattr(context, "_enabled", False) and getattr(context, "fast_dtype", None) in LOW_PRECISION:
+                recorder.low_precision.add(str(context.fast_dtype).replace("torch.", ""))
+            return original(context)
+
+        torch.autocast.__enter__ = enter
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if not any(optimizer is seen for seen in self._optimizers):
+            self._optimizers.append(optimizer)
+        self.steps.append(
+            {
+                "optimizer": next(i for i, seen in enumerate(self._optimizers) if seen is optimizer),
+                "loss": self._pending_loss if self._backwards else None,
+                "backwards": self._backwards,
+                "params": _checksum(optimizer),
+            }
+        )
+        self._pending_loss, self._backwards = 0.0, 0
+        if len(self.steps) >= self.steps_wanted:
+            raise StopScript()
+
+
+def _checksum(optimizer) -> list[float]:
+    """Sum and sum of squares of the optimizer's parameters, in float64."""
+    total = squares = 0.0
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                values = parameter.detach().to(torch.float64)
+                total += float(values.sum())
+                squares += float((values * values).sum())
+    return [total, squares]
+
+
+def _scale_batches(factor: int) -> None:
+    """DataLoaders built with a `batch_size` get `factor` times larger batches."""
+    original = DataLoader.__init__
+
+    def __init__(loader, dataset, batch_size: Optional[int] = 1, *args, **kwargs):
+        if batch_size is not None and kwargs.get("batch_sampler") is None:
+            batch_size = batch_size * factor
+        original(loader, dataset, batch_size, *args, **kwargs)
+
+    DataLoader.__init__ = __init__
+
+
+def _seed_everything() -> None:
+    random.seed(SEED)
+    torch.manual_seed(SEED)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(SEED)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.exit("usage: python -m accelmigrate.runtime.verifying SCRIPT [ARGS...] (started by `accelmigrate verify`)")
+    folder = os.environ["ACCELMIGRATE_VERIFY_OUT"]
+    faulthandler.enable()
+    recorder = Recorder(int(os.environ.get("ACCELMIGRATE_VERIFY_STEPS", "10")))
+    recorder.install(int(os.environ.get("ACCELMIGRATE_VERIFY_BATCH_SCALE", "1")))
+    _seed_everything()
+    status, exit_code, error = run_script(argv[0], argv[1:])
+    record = {
+        "status": status,
+        "exit_code": exit_code,
+        "error": error,
+        "steps": recorder.steps,
+        "low_precision": sorted(recorder.low_precision),
+    }
+    rank = os.environ.get("RANK", "0")
+    with open(os.path.join(folder, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+if __name__ == "__main__":
+    main()
