@@ -1,10 +1,10 @@
 """The `accelmigrate` command.
 
 Exit codes (every command):
-  0  done, or nothing to do
+  0  done, or nothing to do (notes never fail a check)
   1  changes pending (`apply --diff`) or findings (`check`)
-  2  usage error, an input that could not be processed, or a codemod
-     that failed on a file (AM000)
+  2  usage error, a folder without Python files, an input that could not be
+     processed, or a codemod that failed on a file (AM000)
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from typing import Optional, Sequence
 
 import click
 
-from accelmigrate import __version__
+from accelmigrate import __version__, lint
 from accelmigrate.cache import cache_folder
-from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, find, parse_words, resolve, words_without_values
+from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, parse_words, resolve
 from accelmigrate.config import Config, ConfigError, common_start, load_config
 from accelmigrate.engine import CODEMOD_FAILED, FileResult, plan_of, process_files
+from accelmigrate.explain import all_entries, code_entry, codemod_entry, entry_text, page, presets, resolve_name
 from accelmigrate.report import Reporter
 from accelmigrate.sources import iter_python_files
 
@@ -27,10 +28,11 @@ EXIT_OK, EXIT_PENDING, EXIT_ERROR = 0, 1, 2
 
 EXIT_CODES_HELP = """\b
 Exit codes:
-  0  done, or nothing to do
+  0  done, or nothing to do (notes never fail a check)
   1  changes pending (apply --diff) or findings (check)
-  2  usage error, an input that could not be processed,
-     or a codemod that failed on a file (AM000)"""
+  2  usage error, a folder without Python files, an input
+     that could not be processed, or a codemod that failed
+     on a file (AM000)"""
 
 
 class UsageError(click.UsageError):
@@ -51,16 +53,35 @@ def _config_for(paths: Sequence[str]) -> Config:
 
 
 def _plan(words: Optional[str], config: Config, default: Sequence[str]):
-    spec = words if words is not None else (config.to if config.to is not None else list(default))
+    """The codemods to run: --to's words, else the config's, else `default`.
+    A mistake is reported where it was made: the command line or pyproject.toml."""
+    if words is not None:
+        spec, source = words, "--to"
+    elif config.to is not None:
+        spec, source = config.to, f"{config.path}: [tool.accelmigrate] 'to'"
+    else:
+        spec, source = list(default), "the default words"
     try:
-        return plan_of(resolve(parse_words(spec), config.options))
+        selected = parse_words(spec)
+        if not selected:
+            raise UnknownCodemod("names no codemod; see `accelmigrate list`")
+        return plan_of(resolve(selected, config.options))
     except UnknownCodemod as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(f"{source}: {error}") from None
 
 
-def _files(paths: Sequence[str], exclude: Sequence[str], config: Config) -> list[str]:
-    files = [str(p) for p in iter_python_files(paths, [*config.exclude, *exclude])]
-    return files
+def _files(paths: Sequence[str], exclude: Sequence[str], config: Config, reporter: Reporter) -> tuple[list[str], int]:
+    """The files to process, and how many folders named held no Python file
+    (each an error, like a missing path: the other paths are still processed)."""
+    files: list[str] = []
+    empty = 0
+    for path in paths:
+        found = [str(p) for p in iter_python_files([path], [*config.exclude, *exclude])]
+        if not found and Path(path).is_dir():
+            reporter.err.print(f"error: no Python files found in {path}", markup=False)
+            empty += 1
+        files += found
+    return files, empty
 
 
 def _cache_folder(config: Config, no_cache: bool) -> Optional[Path]:
@@ -89,12 +110,44 @@ def _run(files: list[str], plan, reporter: Reporter, *, jobs: Optional[int], **k
         return process_files(files, plan, jobs=jobs, on_done=lambda _: progress.advance(task), **kwargs)
 
 
+def _report(reporter: Reporter, output_format: str, results, shown, plan, *, check: bool) -> None:
+    """The findings (and, for json, each file's outcome) in the chosen format."""
+    if output_format == "json":
+        reporter.results_json(results, shown)
+    elif output_format == "github":
+        reporter.github(results, shown, plan)
+    elif output_format == "sarif":
+        reporter.sarif(results, shown, plan)
+    else:
+        reporter.findings(shown, check=check, plan=plan)
+
+
+def _could_not_process(errors: int, verb: str) -> str:
+    return f"{errors} file{'s' if errors != 1 else ''} could not be {verb}" if errors else ""
+
+
+FORMAT_HELP = {
+    "text": "text",
+    "json": "json (every file's outcome, findings and diff)",
+    "github": "github (workflow annotations)",
+    "sarif": "sarif (SARIF 2.1.0, for code scanning)",
+}
+
+
+def format_option(*formats: str):
+    return click.option(
+        "--format", "output_format", type=click.Choice(formats), default="text",
+        help="; ".join(FORMAT_HELP[f] for f in formats if f != "text") + ".",
+    )
+
+
 common_options = [
     click.argument("paths", nargs=-1, required=True, type=click.Path()),
     click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files or folders matching GLOB (repeatable)."),
     click.option("--jobs", "-j", type=click.IntRange(1), default=None, help="Worker processes (default: CPU count)."),
-    click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", help="Output format."),
+    format_option("text", "json", "github", "sarif"),
     click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache (.accelmigrate_cache/)."),
+    click.option("--show-notes", is_flag=True, help="Also show notes: findings that need no action (they never fail)."),
 ]
 
 
@@ -108,69 +161,97 @@ def with_common_options(function):
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
-def apply(paths, exclude, jobs, output_format, no_cache, words, dry_run) -> None:
+@click.option("--show-fixes", is_flag=True, help="Also list each change made, at its line.")
+def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_run, show_fixes) -> None:
     """Rewrite PATHS (files or folders) in place with the chosen codemods."""
     reporter = Reporter()
     config = _config_for(paths)
     plan = _plan(words, config, DEFAULT_WORDS)
-    files = _files(paths, exclude, config)
+    files, empty = _files(paths, exclude, config, reporter)
     results = _run(
         files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, cache_folder=_cache_folder(config, no_cache)
     )
-    if output_format == "json":
-        reporter.json(results)
-    elif dry_run:
-        for result in results:
-            if result.changed:
-                reporter.diff(result)
+    left = {r.path: lint.visible(r.findings, show_notes=show_notes, unfixed_only=True) for r in results}
     changed = [r for r in results if r.changed]
-    left = sum(1 for r in results for f in r.findings if not f.fixed)
-    if output_format == "text":
-        reporter.findings(results, unfixed_only=True, fixable_hint=False)
-    errors = reporter.errors(results)
     verb = "would change" if dry_run else "changed"
+    if output_format == "text":
+        if dry_run:
+            for result in changed:
+                reporter.diff(result)
+        if show_fixes:
+            reporter.findings({r.path: [f for f in r.findings if f.fixed] for r in changed}, check=False)
+        reporter.changed_files(results, verb=verb)
+    if output_format == "json":  # a record of what was done too
+        reporter.results_json(results, {r.path: lint.visible(r.findings, show_notes=show_notes) for r in results})
+    else:
+        _report(reporter, output_format, results, left, plan, check=False)
+    unreadable = reporter.errors(results)
+    manual = sum(len(lint.failing(found)) for found in left.values())
     failures = _codemod_failures(results)
     reporter.note(
-        f"{len(changed)} file(s) {verb}, {len(results) - len(changed) - errors} unchanged"
-        + (f", {errors} could not be processed" if errors else "")
-        + (f"; {left} finding(s) need a manual step" if left else "")
+        f"{len(changed)} file(s) {verb}, {len(results) - len(changed) - unreadable} unchanged"
+        + (f", {_could_not_process(unreadable, 'processed')}" if unreadable else "")
+        + (f"; {manual} finding(s) need a manual step" if manual else "")
         + failures
     )
-    if errors or failures:
+    if unreadable or empty or failures:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_PENDING if dry_run and changed else EXIT_OK)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
 @with_common_options
-@click.option("--to", "words", metavar="WORDS", help="Only these codemods (default: every codemod that needs no =value).")
-def check(paths, exclude, jobs, output_format, no_cache, words) -> None:
-    """Report findings in PATHS without writing anything (for CI and pre-commit)."""
+@click.option("--to", "words", metavar="WORDS", help=f"Only these codemods (default: {','.join(DEFAULT_WORDS)}, as apply).")
+def check(paths, exclude, jobs, output_format, no_cache, show_notes, words) -> None:
+    """Report what to act on in PATHS, writing nothing (for CI and pre-commit).
+    A fixable finding is marked [*], with the command that fixes it."""
     reporter = Reporter()
     config = _config_for(paths)
-    plan = _plan(words, config, words_without_values())
-    files = _files(paths, exclude, config)
+    plan = _plan(words, config, DEFAULT_WORDS)
+    files, empty = _files(paths, exclude, config, reporter)
     results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache))
-    if output_format == "json":
-        reporter.json(results)
-        count = sum(len(r.findings) for r in results)
-    else:
-        count = reporter.findings(results, unfixed_only=False, fixable_hint=True)
-    errors = reporter.errors(results)
+    shown = {r.path: lint.visible(r.findings, show_notes=show_notes) for r in results}
+    _report(reporter, output_format, results, shown, plan, check=True)
+    unreadable = reporter.errors(results)
     failures = _codemod_failures(results)
+    failing = [f for found in shown.values() for f in lint.failing(found)]
     if output_format == "text":
-        fixable = sum(1 for r in results for f in r.findings if f.fixed)
-        reporter.note(
-            f"{count} finding(s) in {len(results)} file(s)"
-            + (f", {fixable} fixable with `accelmigrate apply`" if fixable else "")
-            + failures
-        )
-    sys.exit(EXIT_ERROR if errors or failures else (EXIT_PENDING if count else EXIT_OK))
+        reporter.note(_check_summary(results, failing, plan, unreadable, show_notes) + failures)
+    sys.exit(EXIT_ERROR if unreadable or empty or failures else (EXIT_PENDING if failing else EXIT_OK))
+
+
+def _check_summary(results, failing, plan, errors: int, show_notes: bool) -> str:
+    """`3 finding(s) in 2 of 5 file(s) checked ([*] 2 fixable with `accelmigrate
+    apply --to workers`)`, and what could not be checked: a file that was not
+    read never counts as one without findings."""
+    checked = sum(1 for r in results if not r.error)
+    parts = []
+    if failing:
+        with_findings = sum(1 for r in results if lint.failing(r.findings))
+        parts.append(f"{len(failing)} finding(s) in {with_findings} of {checked} file(s) checked")
+        fixable = [f for f in failing if f.fixed]
+        if fixable:
+            fixing = {f.word for f in fixable}
+            words = ",".join(lint.word_spec(word, plan) for word in all_codemods() if word in fixing)
+            parts[-1] += f" ([*] {len(fixable)} fixable with `accelmigrate apply --to {words}`)"
+    elif checked or not errors:
+        parts.append(f"no findings in {checked} file(s) checked")
+    if errors:
+        parts.append(_could_not_process(errors, "checked"))
+    notes = lint.hidden_notes(results)
+    if notes and not show_notes:
+        parts.append(f"{notes} note(s) hidden (--show-notes)")
+    return "; ".join(parts)
 
 
 @main.command("list")
-def list_codemods() -> None:
-    """List the codemods: word, finding codes, summary."""
+@format_option("text", "json")
+def list_codemods(output_format: str) -> None:
+    """List the codemods (word, finding codes, summary) and the presets."""
+    reporter = Reporter()
+    if output_format == "json":
+        reporter.json({"default": list(DEFAULT_WORDS), "presets": {k: list(v) for k, v in presets().items()}, "codemods": all_entries()})
+        return
     from rich.table import Table
 
     table = Table(box=None, show_header=True, header_style="bold")
@@ -178,30 +259,46 @@ def list_codemods() -> None:
         table.add_column(column)
     for word, cls in all_codemods().items():
         default = " (default)" if word in DEFAULT_WORDS else ""
-        table.add_row(word + default, ", ".join(cls.codes), cls.summary)
-    Reporter().out.print(table)
+        codes = ", ".join(code + (" (note)" if code in cls.notes else "") for code in cls.codes)
+        table.add_row(word + default, codes, cls.summary)
+    reporter.out.print(table)
+    if presets():
+        reporter.out.print("\npresets (--to NAME):", markup=False)
+        for name, words in presets().items():
+            reporter.out.print(f"  {name}: {','.join(words)}", markup=False)
 
 
 @main.command()
 @click.argument("name", metavar="CODE|WORD")
-def explain(name: str) -> None:
-    """Show the documentation of a codemod, by word or finding code."""
-    cls = find(name)
-    if cls is None:
+@format_option("text", "json")
+def explain(name: str, output_format: str) -> None:
+    """Show one finding code's entry (AM101), or a codemod's page (workers, accumulate=4)."""
+    cls, code = resolve_name(name)
+    if cls is None and code is None:
         raise UsageError(f"no codemod or finding code {name!r}; see `accelmigrate list`")
-    import inspect
-
-    doc = inspect.getdoc(sys.modules[cls.__module__]) or cls.summary
-    codes = "\n".join(f"  {code}  {title}" for code, title in cls.codes.items())
-    Reporter().out.print(f"{doc}\n\nFinding codes\n{codes}", markup=False)
+    reporter = Reporter()
+    if code is not None:
+        entry = code_entry(cls, code)
+        if output_format == "json":
+            reporter.json(entry)
+        else:
+            reporter.out.print(entry_text(entry), markup=False)
+        return
+    if output_format == "json":
+        reporter.json({**codemod_entry(cls), "page": page(cls)})
+        return
+    codes = "\n".join(f"  {c}  {title}" + ("  (note)" if c in cls.notes else "") for c, title in cls.codes.items())
+    reporter.out.print(f"{page(cls)}\n\nFinding codes\n{codes}", markup=False)
 
 
 def _register_commands_that_run_scripts() -> None:
     from accelmigrate.profiler import profile_command
     from accelmigrate.runner import run_command
+    from accelmigrate.verify import verify_command
 
     main.add_command(run_command)
     main.add_command(profile_command)
+    main.add_command(verify_command)
 
 
 _register_commands_that_run_scripts()

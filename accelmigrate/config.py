@@ -7,14 +7,16 @@
     [tool.accelmigrate.options.workers]      # per-codemod options
     max_workers = "8"
 
-Command-line flags win over the file.
+Command-line flags win over the file. A key or a codemod word that means
+nothing here is an error naming the file and the key, with the close match.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 try:
     import tomllib
@@ -65,16 +67,58 @@ def load_config(start: Path) -> Config:
     check = _Checker(pyproject)
     tool = check.table(data.get("tool", {}), "'tool'")
     section = check.table(tool.get("accelmigrate", {}), "[tool] 'accelmigrate'")
+    check.known_keys(section, SECTION_KEYS, "[tool.accelmigrate]")
     to = section.get("to")
     if to is not None:
-        to = check.strings(to, "[tool.accelmigrate] 'to'")
+        to = check.words(check.strings(to, "[tool.accelmigrate] 'to'"))
     exclude = check.strings(section.get("exclude", []), "[tool.accelmigrate] 'exclude'")
     options = {
         str(word): {str(k): check.scalar(v, f"[tool.accelmigrate.options.{word}] {k!r}") for k, v in table.items()}
         for word, table in check.table(section.get("options", {}), "[tool.accelmigrate] 'options'").items()
         if check.table(table, f"[tool.accelmigrate.options] {word!r}") is not None
     }
+    check.option_names(options)
     return Config(pyproject, to, exclude, options, check.black(tool.get("black", {})))
+
+
+SECTION_KEYS = ("to", "exclude", "options")
+
+
+class _ReadKeys(dict):
+    """Options that remember which keys were read."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__(options)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def option_names_read(cls, options: Mapping[str, str]) -> set[str]:
+    """The option names a codemod understands among `options`: those its
+    `check_options` reads (it reads every option the codemod takes)."""
+    recorded = _ReadKeys(options)
+    try:
+        cls.check_options(recorded)
+    except ValueError:
+        pass  # a bad value: reported when the codemods are chosen
+    return recorded.read
+
+
+def close_match(name: str, known: Collection[str]) -> str:
+    """` (did you mean 'x'?)` when a known name is close to `name`."""
+    matches = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {matches[0]!r}?)" if matches else ""
 
 
 # The [tool.black] settings that formatting reads, with the type each must have.
@@ -92,6 +136,50 @@ class _Checker:
     def fail(self, key: str, expected: str, value: object) -> ConfigError:
         found = _TYPE_NAMES.get(type(value), type(value).__name__)
         return ConfigError(f"{self.pyproject}: {key} must be {expected}, not {found} ({value!r})")
+
+    def unknown(self, key: str, where: str, known: Collection[str]) -> ConfigError:
+        return ConfigError(f"{self.pyproject}: unknown key {key!r} in {where}{close_match(key, known)}; known: {', '.join(known)}")
+
+    def known_keys(self, table: Mapping, known: Collection[str], where: str) -> None:
+        for key in table:
+            if key not in known:
+                raise self.unknown(str(key), where, known)
+
+    def words(self, spec: list[str]) -> list[str]:
+        """The `to` words, each naming a codemod."""
+        from accelmigrate.codemods import UnknownCodemod, all_codemods, parse_words
+
+        try:
+            words = parse_words(spec)
+        except UnknownCodemod as error:
+            raise ConfigError(f"{self.pyproject}: [tool.accelmigrate] 'to': {error}") from None
+        if not words:
+            raise ConfigError(f"{self.pyproject}: [tool.accelmigrate] 'to' names no codemod")
+        for word in words:
+            if word not in all_codemods():
+                raise ConfigError(
+                    f"{self.pyproject}: [tool.accelmigrate] 'to': unknown codemod {word!r}"
+                    f"{close_match(word, all_codemods())}; see `accelmigrate list`"
+                )
+        return spec
+
+    def option_names(self, options: Mapping[str, Mapping[str, str]]) -> None:
+        """Each [tool.accelmigrate.options.WORD] names a codemod, and each key an option it takes."""
+        from accelmigrate.codemods import all_codemods
+
+        registry = all_codemods()
+        for word, table in options.items():
+            if word not in registry:
+                raise self.unknown(word, "[tool.accelmigrate.options]", registry)
+            taken = option_names_read(registry[word], table)
+            for key in table:
+                if key != "value" and key not in taken:
+                    known = sorted(option_names_read(registry[word], {}) - {"value"})
+                    raise ConfigError(
+                        f"{self.pyproject}: unknown key {key!r} in [tool.accelmigrate.options.{word}]"
+                        f"{close_match(key, known)}; {word} takes "
+                        + (", ".join(known) if known else "no options")
+                    )
 
     def table(self, value: object, key: str) -> dict:
         if not isinstance(value, dict):

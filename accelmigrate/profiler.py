@@ -1,7 +1,7 @@
 """`accelmigrate profile`: where does a training script's time go.
 
     accelmigrate profile train.py --steps 20 -- --epochs 1
-    accelmigrate profile train.py --json
+    accelmigrate profile train.py --format json     (or --json)
 
 Runs the script unchanged in a child process for a bounded number of
 training steps, with probes installed from outside
@@ -366,14 +366,17 @@ def _render_advice(console, report: dict[str, Any]) -> None:
     help="Training steps to run (optimizer steps), warm-up included.",
 )
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (the script's output goes to stderr)."
+    "--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+    help="json: the report as JSON on stdout (the script's output goes to stderr).",
 )
-def profile_command(script, script_args, steps, as_json):
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
+def profile_command(script, script_args, steps, output_format, as_json):
     """Run SCRIPT for a few steps and say where its time and memory go.
 
     Options go before `--`; everything after it goes to the script.
     """
     require_torch("profile")
+    as_json = as_json or output_format == "json"
     raw = measure(script, script_args, steps, output_to_stderr=as_json)
     report = analyse(raw)
     if as_json:

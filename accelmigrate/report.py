@@ -1,16 +1,18 @@
 """Showing results: diffs (coloured on a terminal, plain when piped), findings,
-errors, summaries, and JSON for machines."""
+errors, summaries; JSON, GitHub workflow annotations and SARIF for machines."""
 
 from __future__ import annotations
 
 import difflib
 import json
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from rich.console import Console
 from rich.syntax import Syntax
 
-from accelmigrate.engine import FileResult
+from accelmigrate import lint
+from accelmigrate.codemods import Finding
+from accelmigrate.engine import FileResult, Plan
 
 
 def lines_with_ends(text: str) -> list[str]:
@@ -27,15 +29,54 @@ def unified_diff(result: FileResult) -> str:
     return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
-def finding_line(path: str, finding, *, fixable_hint: bool) -> str:
-    line = f"{path}:{finding.line}:{finding.column}: {finding.code} {finding.message}"
-    if fixable_hint and finding.fixed:
-        line += f" [fixable: --to {finding.word}]"
-    return line
+def finding_line(path: str, finding: Finding, *, check: bool, plan: Plan = ()) -> str:
+    """`path:line:col: CODE message`. In `check`, a fixable finding reads
+    `CODE [*] title (fixable with ...)` and a note `CODE note: message`."""
+    where = f"{path}:{finding.line}:{finding.column}: {finding.code}"
+    if check and finding.fixed:
+        return f"{where} [*] {lint.check_message(finding, plan)}"
+    if lint.is_note(finding):
+        return f"{where} note: {finding.message}"
+    return f"{where} {finding.message}"
+
+
+def github_escape(text: str, *, property_value: bool = False) -> str:
+    """A workflow command's data (or property value) escaped as GitHub reads it."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if property_value else text
+
+
+GITHUB_COMMANDS = {lint.ERROR: "error", lint.WARNING: "warning", lint.NOTE: "notice"}
+
+
+def github_annotation(path: str, finding: Finding, plan: Plan) -> str:
+    """`::warning file=...,line=...,col=...,title=CODE::message`."""
+    properties = ",".join(
+        f"{key}={github_escape(str(value), property_value=True)}"
+        for key, value in (("file", path), ("line", finding.line), ("col", finding.column), ("title", finding.code))
+    )
+    return f"::{GITHUB_COMMANDS[lint.severity(finding)]} {properties}::{github_escape(lint.check_message(finding, plan))}"
+
+
+def result_payload(result: FileResult, shown: Sequence[Finding]) -> dict:
+    """One file in `--format json`: what happened to it, which codemods
+    changed it, the findings shown (each with its severity and title), and
+    the unified diff when it changed."""
+    return {
+        "path": result.path,
+        "changed": result.changed,
+        "written": result.written,
+        "error": result.error,
+        "codemods": lint.words_that_changed(result) if result.changed else [],
+        "findings": [
+            {**f.as_dict(), "severity": lint.severity(f), "title": lint.title(f)} for f in shown
+        ],
+        "diff": unified_diff(result) if result.changed else None,
+    }
 
 
 class Reporter:
-    """Writes to stdout (diffs, findings) and stderr (errors, summaries)."""
+    """Writes to stdout (diffs, findings, machine formats) and stderr (errors, summaries)."""
 
     def __init__(self) -> None:
         self.out = Console(highlight=False, soft_wrap=True)
@@ -52,15 +93,16 @@ class Reporter:
         else:
             self.out.file.write(text)
 
-    def findings(self, results: Iterable[FileResult], *, unfixed_only: bool, fixable_hint: bool) -> int:
-        count = 0
+    def findings(self, shown: Mapping[str, Sequence[Finding]], *, check: bool, plan: Plan = ()) -> None:
+        for path, findings in shown.items():
+            for finding in findings:
+                self.out.print(finding_line(path, finding, check=check, plan=plan), markup=False)
+
+    def changed_files(self, results: Iterable[FileResult], *, verb: str) -> None:
+        """`changed train.py: workers, item`: each changed file and the codemods that changed it."""
         for result in results:
-            for finding in result.findings:
-                if unfixed_only and finding.fixed:
-                    continue
-                self.out.print(finding_line(result.path, finding, fixable_hint=fixable_hint), markup=False)
-                count += 1
-        return count
+            if result.changed:
+                self.err.print(f"{verb} {result.path}: {', '.join(lint.words_that_changed(result))}", markup=False)
 
     def errors(self, results: Iterable[FileResult]) -> int:
         count = 0
@@ -73,14 +115,21 @@ class Reporter:
     def note(self, text: str) -> None:
         self.err.print(text, markup=False)
 
-    def json(self, results: Sequence[FileResult]) -> None:
-        payload = [
-            {
-                "path": r.path,
-                "changed": r.changed,
-                "error": r.error,
-                "findings": [f.as_dict() for f in r.findings],
-            }
-            for r in results
-        ]
-        self.out.file.write(json.dumps(payload, indent=2) + "\n")
+    def write(self, text: str) -> None:
+        self.out.file.write(text)
+
+    def json(self, value) -> None:
+        self.write(json.dumps(value, indent=2) + "\n")
+
+    def results_json(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]]) -> None:
+        self.json([result_payload(r, shown.get(r.path, ())) for r in results])
+
+    def github(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], plan: Plan) -> None:
+        lines = [github_annotation(path, f, plan) for path, findings in shown.items() for f in findings]
+        lines += [f"::error file={github_escape(r.path, property_value=True)}::{github_escape(r.error)}" for r in results if r.error]
+        self.write("".join(line + "\n" for line in lines))
+
+    def sarif(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], plan: Plan) -> None:
+        from accelmigrate.sarif import sarif_log
+
+        self.json(sarif_log(results, shown, plan))

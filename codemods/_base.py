@@ -55,7 +55,10 @@ class Codemod(cst.CSTTransformer):
     check's time."""
 
     word: ClassVar[str]  # the --to word
-    codes: ClassVar[Mapping[str, str]]  # finding code -> one-line title
+    codes: ClassVar[Mapping[str, str]]  # finding code -> one-line title, in the present: what to act on
+    # Codes that need no action (information only): `check` hides them unless
+    # --show-notes, and they never make it fail.
+    notes: ClassVar[frozenset] = frozenset()
     summary: ClassVar[str]
     requires: ClassVar[Sequence[str]] = ()  # words that must run first
     # The file is parsed for this codemod only when one of these substrings
@@ -119,7 +122,9 @@ class Codemod(cst.CSTTransformer):
     @classmethod
     def check_options(cls, options: Mapping[str, str]) -> None:
         """Raise ValueError with a message for the user when `options` (from
-        `--to word=value` or the config) make no sense for this codemod."""
+        `--to word=value` or the config) make no sense for this codemod.
+        Read every option the codemod takes here: the configuration reports
+        a key that this method never reads as unknown."""
 
     @classmethod
     def wants(cls, source: str) -> bool:

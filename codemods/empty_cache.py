@@ -31,10 +31,11 @@ Example
             optimizer.step()
 
 Left alone
-    A call outside any loop (finding AM211: it may be there on purpose, e.g.
-    before handing the GPU to another process), a call inside a function that
-    is merely defined in a loop, and a call whose value is used
-    (`x = torch.cuda.empty_cache()`), which gets a finding instead.
+    A call outside any loop (AM211, a note: it costs one sync and may be there
+    on purpose, e.g. before handing the GPU to another process), a call inside
+    a function that is merely defined in a loop, and a call in a loop body that
+    is not a statement of its own line (`x = torch.cuda.empty_cache()`,
+    `print(i); torch.cuda.empty_cache()`): AM212 says to remove it by hand.
 """
 
 from __future__ import annotations
@@ -51,9 +52,12 @@ class EmptyCache(Codemod):
     word = "empty-cache"
     summary = "remove torch.cuda.empty_cache() from loop bodies (a device sync every iteration)"
     codes = {
-        "AM210": "torch.cuda.empty_cache() in a loop body: removed",
-        "AM211": "torch.cuda.empty_cache() outside a loop: review it",
+        "AM210": "torch.cuda.empty_cache() in a loop body synchronises the device every iteration",
+        "AM211": "torch.cuda.empty_cache() outside a loop: one device sync, kept",
+        "AM212": "torch.cuda.empty_cache() in a loop body, inside a larger statement: remove it by hand",
     }
+    # Outside a loop the call costs one sync and may be there on purpose.
+    notes = frozenset({"AM211"})
     triggers = ("empty_cache",)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -66,9 +70,9 @@ class EmptyCache(Codemod):
         statement = self._own_statement_line(node)
         in_loop = bool(self.script.loops_around(node))
         if not in_loop:
-            self.report(node, "AM211", "torch.cuda.empty_cache() outside a loop: keep it only if another process needs the memory now")
+            self.report(node, "AM211", "torch.cuda.empty_cache() outside a loop: one device sync, kept (it frees memory for another process, not for this one)")
         elif statement is None:
-            self.report(node, "AM211", "torch.cuda.empty_cache() in a loop, but not a statement of its own line: remove it by hand")
+            self.report(node, "AM212", "torch.cuda.empty_cache() in a loop body, inside a larger statement: remove it by hand (it synchronises the device every iteration)")
         elif self.fix(node, "AM210", "removed torch.cuda.empty_cache() from a loop body: it synchronises the device every iteration and frees no live tensor"):
             self._doomed.add(statement)
 

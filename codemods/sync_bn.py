@@ -36,7 +36,13 @@ Example
 
 Left alone
     A model the `ddp` codemod could not wrap (a finding says so), and a file
-    that already calls `convert_sync_batchnorm` itself. A wrap whose process
+    that already calls `convert_sync_batchnorm` itself. A model sure to have
+    no BatchNorm layer gets nothing (AM544, a note): it is built from torch
+    layers other than BatchNorm (`nn.Sequential(nn.Linear(...), ...)`) or
+    from classes of this file that build only such layers, and its
+    construction passes no model built elsewhere. A model from elsewhere
+    (torchvision, another module, torch.hub) may have some, and is converted.
+    A wrap whose process
     group is not a plain name (`process_group=dist.new_group(...)`) or cannot
     be seen (`**kwargs`): a finding says to convert with that group by hand.
     The conversion sits in the distributed branch: a world of one keeps its
@@ -51,11 +57,13 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from ._base import Codemod, has_star_args, keyword_arg
+from ._base import Codemod, code_of, keyword_arg, walk
 from ._ddp.common import is_plain_reference
 from .script import vocabulary as v
 from .script.uses import uses_of
 from .script.ddp_spelling import is_unbound, spelling_at
+
+RANK_LOCAL_BUFFERS = "accelmigrate.runtime.distributed.rank_local_buffers"
 
 CONVERT = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm", "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm"})
 TRAINING_SIGNS = v.DATA_PARALLEL | v.DATALOADER
@@ -63,6 +71,17 @@ TRAINING_SIGNS = v.DATA_PARALLEL | v.DATALOADER
 SYNC_BATCH_NORM_PATHS = (("torch", "nn.SyncBatchNorm"), ("torch.nn", "SyncBatchNorm"), ("torch.nn.SyncBatchNorm", ""))
 # DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, init_sync, process_group, ...)
 PROCESS_GROUP_POSITION = 6
+BATCH_NORM = frozenset(
+    f"{module}.{name}"
+    for module in ("torch.nn", "torch.nn.modules.batchnorm")
+    for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "SyncBatchNorm")
+)
+# torch callables that may hand back a model of unknown layers
+TORCH_LOADERS = ("torch.hub.", "torch.load", "torch.jit.", "torch.export.")
+WRAPPERS = v.DATA_PARALLEL | v.DISTRIBUTED_DATA_PARALLEL
+# Methods of a model that return the model itself (`Net().cuda()`).
+MODEL_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "bfloat16", "double", "to_empty"})
+MODEL_TRACE_DEPTH = 8  # names and wrappers followed back to the model's construction
 
 
 class SyncBatchNorm(Codemod):
@@ -74,7 +93,9 @@ class SyncBatchNorm(Codemod):
         "AM541": "no DistributedDataParallel wrap found to convert before",
         "AM542": "the wrap's process group cannot be passed to the conversion",
         "AM543": "no name for torch.nn.SyncBatchNorm where the conversion goes",
+        "AM544": "model without BatchNorm layers: nothing to convert",
     }
+    notes = frozenset({"AM544"})
     # The same as ddp's: this word runs on what ddp wrote, which may be new.
     triggers = ("DataParallel", "DataLoader", "optim")
 
@@ -83,12 +104,15 @@ class SyncBatchNorm(Codemod):
         self._convert_before: dict[cst.CSTNode, str] = {}  # statement -> the conversion's code
         self._wraps: list[cst.Call] = []
         self._training_sign: Optional[cst.CSTNode] = None  # where to report a missing wrap
+        self._data_parallel_calls: list[cst.Call] = []
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
+        # The classes defined at the top level of this file, by name.
+        self._classes = {s.name.value: s for s in node.body if isinstance(s, cst.ClassDef)}
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if not self._wraps and self._training_sign is not None:
+        if not self._wraps and self._training_sign is not None and not self._all_models_without_batch_norm():
             self.report(
                 self._training_sign, "AM541",
                 "no `model = DistributedDataParallel(model, ...)` found (see ddp's findings): once the model is wrapped, "
@@ -99,11 +123,16 @@ class SyncBatchNorm(Codemod):
     # -- finding the wraps ------------------------------------------------------
 
     def visit_Call(self, node: cst.Call) -> None:
+        if self.is_call_to(node, v.DATA_PARALLEL):
+            self._data_parallel_calls.append(node)
         if self._training_sign is None and (self.is_call_to(node, TRAINING_SIGNS) or self._is_optimizer(node)):
             self._training_sign = node
         if not self.is_call_to(node, v.DISTRIBUTED_DATA_PARALLEL):
             return
         self._wraps.append(node)
+        if node.args and self._without_batch_norm(node.args[0].value):
+            self.report(node, "AM544", f"`{code_of(node.args[0].value)}` has no BatchNorm layer (it is built in this file from layers without one): nothing to convert")
+            return
         statement, model = self._wrap_statement(node)
         if statement is None:
             self.report(node, "AM541", "DistributedDataParallel outside `model = DistributedDataParallel(model, ...)`: convert its BatchNorm layers by hand before wrapping")
@@ -151,7 +180,7 @@ class SyncBatchNorm(Codemod):
         """The wrap's process group as code that reads the same group just
         before the wrap: "" for the default group, None when it cannot be
         repeated there (a call, a hidden `**kwargs`)."""
-        if has_star_args(call):
+        if any(a.star for a in call.args if not self._names_no_group(a)):
             return None
         positional = [a for a in call.args if a.keyword is None]
         given = keyword_arg(call, "process_group") or (
@@ -162,6 +191,15 @@ class SyncBatchNorm(Codemod):
         if not is_plain_reference(given.value):
             return None
         return self._module.code_for_node(given.value).strip()
+
+    def _names_no_group(self, argument: cst.Arg) -> bool:
+        """`**rank_local_buffers()`: the runtime's buffer settings, never a process group."""
+        value = argument.value
+        return (
+            argument.star == "**"
+            and isinstance(value, cst.Call)
+            and RANK_LOCAL_BUFFERS in self.qualified_names(value.func)
+        )
 
     def _sync_batch_norm_at(self, call: cst.Call) -> Optional[str]:
         """`torch.nn.SyncBatchNorm`, spelled with a name that reads it where the wrap is."""
@@ -183,6 +221,64 @@ class SyncBatchNorm(Codemod):
     def _converted_already(self) -> bool:
         """The file converts BatchNorm layers itself (before DataParallel, or on a second run)."""
         return any(self.is_call_to(call, CONVERT) for call in uses_of(self.script).calls)
+
+    # -- BatchNorm: converting is only worth a finding where there may be some ----
+
+    def _all_models_without_batch_norm(self) -> bool:
+        """Every model the file builds or wraps in DataParallel is sure to have no BatchNorm."""
+        built = [m.value for m in self.script.models]
+        wrapped = [call.args[0].value for call in self._data_parallel_calls if call.args]
+        models = built + wrapped
+        return bool(models) and all(m is not None and self._without_batch_norm(m) for m in models)
+
+    def _without_batch_norm(self, model: cst.BaseExpression, depth: int = 0) -> bool:
+        """The model is sure to hold no BatchNorm layer: followed through
+        wrappers, moves (`.cuda()`) and names back to where it is built, that
+        expression builds only torch layers other than BatchNorm and classes
+        of this file that do the same, and passes no model built elsewhere."""
+        if depth > MODEL_TRACE_DEPTH:
+            return False
+        if isinstance(model, cst.Call):
+            if self.is_call_to(model, WRAPPERS):
+                return bool(model.args) and self._without_batch_norm(model.args[0].value, depth + 1)
+            if isinstance(model.func, cst.Attribute) and model.func.attr.value in MODEL_METHODS:
+                return self._without_batch_norm(model.func.value, depth + 1)
+            return self._code_without_batch_norm(model, set(), in_class=False)
+        entity = self.script.entity(model)
+        built = entity.origin.value if entity is not None else None
+        return built is not None and built is not model and self._without_batch_norm(built, depth + 1)
+
+    def _code_without_batch_norm(self, code: cst.CSTNode, seen: set[str], *, in_class: bool) -> bool:
+        """`code` names no BatchNorm class, passes no model built elsewhere,
+        and each call in it builds no BatchNorm layer."""
+        for node in walk(code):
+            if isinstance(node, (cst.Name, cst.Attribute)):
+                if self.qualified_names(node) & BATCH_NORM or (not in_class and self.script.is_model(node)):
+                    return False
+            elif isinstance(node, cst.Call) and not self._builds_no_batch_norm(node, seen, in_class=in_class):
+                return False
+        return True
+
+    def _class_without_batch_norm(self, name: str, seen: set[str]) -> bool:
+        seen.add(name)
+        return self._code_without_batch_norm(self._classes[name], seen, in_class=True)
+
+    def _builds_no_batch_norm(self, call: cst.Call, seen: set[str], *, in_class: bool) -> bool:
+        """The call builds no BatchNorm layer: a torch layer or function, a
+        builtin, a class of this file without one, or, in a class's own code,
+        a method of a value (`self.conv(x)`, `layers.append(...)`). Anything
+        else may build one (a block of another module, a layer class passed
+        in as a parameter, a model loaded by torch.hub)."""
+        names = self.qualified_names(call.func)
+        if in_class and isinstance(call.func, cst.Attribute) and all(".<locals>." in name for name in names):
+            return True
+        for name in names:
+            if name in self._classes:
+                if name not in seen and not self._class_without_batch_norm(name, seen):
+                    return False
+            elif not ((name.startswith("torch.") and not name.startswith(TORCH_LOADERS)) or name.startswith("builtins.")):
+                return False
+        return bool(names)
 
     # -- inserting ----------------------------------------------------------------
 

@@ -70,8 +70,8 @@ def test_nothing_to_do_exits_0(project: Path):
 def test_check_reports_findings_with_codes_and_exits_1(project: Path):
     result = invoke("check", ".", cwd=project)
     assert result.exit_code == 1
-    assert "train.py:5:5: AM210 " in result.stdout
-    assert "[fixable: --to empty-cache]" in result.stdout
+    assert "train.py:5:5: AM210 [*] " in result.stdout
+    assert "(fixable with `accelmigrate apply --to empty-cache`)" in result.stdout
     assert (project / "train.py").read_text() == LOOP_WITH_EMPTY_CACHE
 
 
@@ -238,8 +238,7 @@ def test_list_and_explain():
     by_code = runner.invoke(main, ["explain", "AM210"])
     by_word = runner.invoke(main, ["explain", "empty-cache"])
     assert by_code.exit_code == by_word.exit_code == 0
-    assert by_code.stdout == by_word.stdout
-    assert "Example" in by_code.stdout and "AM211" in by_code.stdout
+    assert "Example" in by_word.stdout and "AM211" in by_word.stdout
 
 
 def test_help_documents_exit_codes():
@@ -251,7 +250,8 @@ def test_the_tool_never_imports_torch(project: Path):
     script = (
         "import sys\n"
         "from accelmigrate.cli import main\n"
-        "for args in (['check', '.'], ['apply', '--diff', '.'], ['list'], ['explain', 'AM210']):\n"
+        "for args in (['check', '.'], ['check', '--format', 'sarif', '.'], ['apply', '--diff', '--format', 'json', '.'],\n"
+        "             ['list', '--format', 'json'], ['explain', 'AM210'], ['explain', 'accumulate=4']):\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit:\n"

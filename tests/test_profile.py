@@ -20,6 +20,12 @@ def profile_json(script, *extra):
     return json.loads(done.stdout)
 
 
+def test_format_json_is_the_same_report_as_json():
+    done = run_cli("profile", str(SCRIPTS / "profile_data_bound.py"), "--steps", STEPS, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout).keys() == profile_json(SCRIPTS / "profile_data_bound.py").keys()
+
+
 def line_of(path, text):
     return next(number for number, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 

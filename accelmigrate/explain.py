@@ -1,0 +1,151 @@
+"""The documentation `explain` and `list` show, and SARIF's rule help: a
+codemod's page (its module docstring) and one finding code's entry."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+from typing import Optional
+
+from accelmigrate.codemods import Codemod, DEFAULT_WORDS, all_codemods, find, parse_words
+from accelmigrate.engine import CODEMOD_FAILED
+
+FAILED_TITLE = "a codemod failed on this file and changed nothing there"
+FAILED_ADVICE = (
+    "The codemod met a file it did not expect (its message names the error); the other codemods still ran. "
+    "Please report it with the smallest file that shows it; until then, migrate that part by hand."
+)
+
+
+def page(cls: type[Codemod]) -> str:
+    """The codemod's whole documentation: its module docstring."""
+    return inspect.getdoc(sys.modules[cls.__module__]) or cls.summary
+
+
+def sections(cls: type[Codemod]) -> dict[str, str]:
+    """The page's sections by heading ("What it does", "Why", "Left alone"...):
+    a heading is a line at the left margin, its text the indented lines below."""
+    found: dict[str, list[str]] = {}
+    heading = None
+    for line in page(cls).splitlines()[1:]:
+        if line and not line[0].isspace():
+            heading = line.strip()
+            found[heading] = []
+        elif heading is not None:
+            found[heading].append(line)
+    return {name: inspect.cleandoc("\n".join(lines)) for name, lines in found.items()}
+
+
+def paragraphs_naming(cls: type[Codemod], code: str) -> list[str]:
+    """The paragraphs and list items of the page that name `code`."""
+    text = "\n\n".join(sections(cls).values())
+    return [chunk for chunk in _chunks(text) if code in chunk]
+
+
+def _chunks(text: str) -> list[str]:
+    """Paragraphs, with each `- ` list item a chunk of its own."""
+    chunks: list[list[str]] = []
+    for line in text.splitlines():
+        starts_item = line.lstrip().startswith("- ")
+        if not line.strip():
+            chunks.append([])
+        elif starts_item or not chunks:
+            chunks.append([line])
+        else:
+            chunks[-1].append(line)
+    return [textwrap.dedent("\n".join(chunk)).strip() for chunk in chunks if chunk]
+
+
+def resolve_name(name: str) -> tuple[Optional[type[Codemod]], Optional[str]]:
+    """The codemod and, when `name` is a finding code, the code: for a word
+    (`workers`, `accumulate=4`) or a code (`AM101`, `am101`)."""
+    if name.upper() == CODEMOD_FAILED:
+        return None, CODEMOD_FAILED
+    words = list(parse_words(name)) if "=" in name else [name.strip()]
+    cls = find(words[0]) if len(words) == 1 else None
+    if cls is None:
+        return None, None
+    code = name.strip().upper()
+    return cls, (code if code in cls.codes else None)
+
+
+def apply_command(cls: type[Codemod]) -> str:
+    return f"accelmigrate apply --to {cls.word}" + ("=N" if _needs_value(cls) else "")
+
+
+def _needs_value(cls: type[Codemod]) -> bool:
+    try:
+        cls.check_options({})
+    except ValueError:
+        return True
+    return False
+
+
+def code_entry(cls: Optional[type[Codemod]], code: str) -> dict:
+    """One code's entry: title, severity, what to do, the codemod it belongs to."""
+    if cls is None:  # AM000, the engine's own
+        return {"code": code, "title": FAILED_TITLE, "severity": "error", "codemod": None, "what_to_do": FAILED_ADVICE, "details": []}
+    note = code in cls.notes
+    if note:
+        what = "Nothing: this is information (a note). `check` shows it only with --show-notes, and it never fails a check."
+    else:
+        what = (
+            f"Where `check` marks it fixable ([*]), `{apply_command(cls)}` makes the change; otherwise the "
+            "finding's message says the manual step."
+        )
+    what += f" `# accelmigrate: skip[{code}]` on the line silences this code there."
+    return {
+        "code": code,
+        "title": cls.codes[code],
+        "severity": "note" if note else "warning",
+        "codemod": cls.word,
+        "summary": cls.summary,
+        "what_to_do": what,
+        "details": paragraphs_naming(cls, code),
+        "why": sections(cls).get("Why", ""),
+    }
+
+
+def entry_text(entry: dict) -> str:
+    """An entry as `explain` prints it (and SARIF gives as a rule's help)."""
+    lines = [f"{entry['code']}  {entry['title']}"]
+    if entry["codemod"]:
+        lines.append(f"codemod: {entry['codemod']} ({entry['summary']}); severity: {entry['severity']}")
+    lines += ["", "What to do", _indent(entry["what_to_do"])]
+    if entry["details"]:
+        lines += ["", "Details", *(_indent(p) + "\n" for p in entry["details"])]
+        lines[-1] = lines[-1].rstrip("\n")
+    if entry.get("why"):
+        lines += ["", "Why", _indent(entry["why"])]
+    if entry["codemod"]:
+        lines += ["", f"The whole page: accelmigrate explain {entry['codemod']}"]
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(("    " + line) if line else line for line in text.splitlines())
+
+
+def codemod_entry(cls: type[Codemod]) -> dict:
+    """A codemod as `list --format json` describes it."""
+    return {
+        "word": cls.word,
+        "summary": cls.summary,
+        "codes": dict(cls.codes),
+        "notes": sorted(cls.notes),
+        "requires": list(cls.requires),
+        "default": cls.word in DEFAULT_WORDS,
+        "needs_value": _needs_value(cls),
+    }
+
+
+def presets() -> dict[str, tuple[str, ...]]:
+    """Named sets of words, where the registry defines them."""
+    import accelmigrate.codemods as registry
+
+    return dict(getattr(registry, "PRESETS", {}))
+
+
+def all_entries() -> list[dict]:
+    return [codemod_entry(cls) for cls in all_codemods().values()]

@@ -1,0 +1,110 @@
+"""SARIF 2.1.0 output, for GitHub code scanning and other SARIF readers:
+one rule per finding code of the codemods that ran (its help is the
+`explain` entry), one result per finding shown, and the files that could not
+be processed as tool execution notifications."""
+
+from __future__ import annotations
+
+import urllib.parse
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from accelmigrate import __version__, lint
+from accelmigrate.codemods import Finding, all_codemods
+from accelmigrate.engine import CODEMOD_FAILED, FileResult
+from accelmigrate.explain import code_entry, entry_text
+
+SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+SOURCE_ROOT = "%SRCROOT%"
+# SARIF's levels for our severities
+LEVELS = {lint.ERROR: "error", lint.WARNING: "warning", lint.NOTE: "note"}
+
+Plan = Sequence[tuple[str, Mapping[str, str]]]
+
+
+def sarif_log(results: Sequence[FileResult], findings_shown: Mapping[str, list[Finding]], plan: Plan) -> dict:
+    """The log of one run. `findings_shown`: path -> the findings to report."""
+    rules = _rules(plan)
+    index = {rule["id"]: i for i, rule in enumerate(rules)}
+    return {
+        "$schema": SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "accelmigrate",
+                        "version": __version__,
+                        "informationUri": "https://github.com/accelmigrate/accelmigrate",
+                        "rules": rules,
+                    }
+                },
+                "originalUriBaseIds": {SOURCE_ROOT: {"uri": Path.cwd().as_uri() + "/"}},
+                "invocations": [_invocation(results)],
+                "results": [
+                    _result(path, finding, index, plan) for path, findings in findings_shown.items() for finding in findings
+                ],
+            }
+        ],
+    }
+
+
+def _rules(plan: Plan) -> list[dict]:
+    registry = all_codemods()
+    entries = [code_entry(None, CODEMOD_FAILED)]
+    for word, _ in plan:
+        cls = registry[word]
+        entries += [code_entry(cls, code) for code in cls.codes]
+    return [
+        {
+            "id": entry["code"],
+            "name": entry["code"],
+            "shortDescription": {"text": entry["title"]},
+            "fullDescription": {"text": entry["title"]},
+            "help": {"text": entry_text(entry)},
+            "defaultConfiguration": {"level": LEVELS[entry["severity"]]},
+            "properties": {"codemod": entry["codemod"] or ""},
+        }
+        for entry in entries
+    ]
+
+
+def _result(path: str, finding: Finding, index: Mapping[str, int], plan: Plan) -> dict:
+    return {
+        "ruleId": finding.code,
+        "ruleIndex": index[finding.code],
+        "level": LEVELS[lint.severity(finding)],
+        "message": {"text": lint.check_message(finding, plan)},
+        "locations": [
+            {
+                "physicalLocation": {
+                    "artifactLocation": _artifact(path),
+                    "region": {"startLine": finding.line, "startColumn": finding.column},
+                }
+            }
+        ],
+        "properties": {"fixable": finding.fixed, "codemod": finding.word},
+    }
+
+
+def _artifact(path: str) -> dict:
+    """A relative path as a URI reference under the source root; an absolute one as a file URI."""
+    where = Path(path)
+    if where.is_absolute():
+        return {"uri": where.as_uri()}
+    return {"uri": urllib.parse.quote(where.as_posix()), "uriBaseId": SOURCE_ROOT}
+
+
+def _invocation(results: Sequence[FileResult]) -> dict:
+    errors = [r for r in results if r.error]
+    return {
+        "executionSuccessful": not errors,
+        "toolExecutionNotifications": [
+            {
+                "level": "error",
+                "message": {"text": r.error},
+                "locations": [{"physicalLocation": {"artifactLocation": _artifact(r.path)}}],
+            }
+            for r in errors
+        ],
+    }
