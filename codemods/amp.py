@@ -40,15 +40,30 @@ What it does
       in the precision as written, and the finding says so.
 
     The autocast device comes from the device binding the `device` codemod
-    leaves (`device = get_device()`), any `device = torch.device(...)`, the
-    same bound to `self.device`, or a `device` parameter of a function that
-    every call in the file passes such a device (followed through the calls:
+    leaves (`device = get_device()`), any `device = torch.device(...)` or
+    `torch.accelerator.current_accelerator()`, the device of a model's
+    parameters (`device = next(model.parameters()).device`), the same bound
+    to `args.device` or to `self.device` (also `self.device = device` from a
+    parameter), or a `device` (or `args`) parameter of a function that every
+    call in the file passes such a device (followed through the calls:
     `def train(args, model, device, train_loader, optimizer, epoch)`). There
     `amp_dtype = autocast_dtype(device)` becomes the function's first
     statement; when the function receives its optimizer too, the scaler is
     bound in the caller next to the optimizer and handed in as a new `scaler`
     parameter (`train(..., epoch, scaler=scaler)`), so one scaler keeps its
-    loss scale from one call to the next.
+    loss scale from one call to the next. A script that never names a device
+    (no `.to(...)`, `.cuda()`, `device=`, `torch.cuda`, device parameter or
+    flag) computes on the CPU: it gets `torch.autocast(device_type="cpu", ...)`
+    and `amp_dtype = autocast_dtype("cpu")` after its imports, float32 (the
+    original's numbers) unless ACCELMIGRATE_PRECISION=bf16.
+
+    Values computed under an autocast it adds that reach numpy (`.numpy()`,
+    and numpy, scikit-learn, matplotlib, scipy or pandas calls given such a
+    tensor) pass through `full_precision(...)` (accelmigrate.runtime.precision),
+    which casts float16/bfloat16 tensors back to float32: numpy has no
+    bfloat16. They are followed through assignments, lists they are appended
+    to, and the parameters and return values of the file's functions.
+    `.item()` and `.tolist()` read bfloat16 fine and are left alone.
 
 Why float32 on a CPU by default
     CPU autocast keeps far fewer operations in float32 than CUDA's does:
@@ -120,10 +135,15 @@ Left alone (with a finding that says what to do by hand)
       starred parameters, where a new `scaler` parameter cannot go), or any
       `.step()` in the step whose receiver might be one: a step that bypassed
       the scaler would apply scaled gradients (AM414);
-    - no device binding in reach (AM413), the device bound inside the loop,
+    - no device binding in reach (AM413: a device string, a `device`
+      parameter that no call in the file sets), the device bound inside the loop,
       several optimizers stepped only in separate branches (AM415);
     - apex as a whole when one of its uses has no native equivalent
       (`amp.register_float_function`, ...: AM416).
+
+    Notes (`check --show-notes`): AM405, AM406 and AM407 say what a
+    migration does alongside AM401 (the scaler's state in checkpoints,
+    unscaling before clipping, casts back for numpy: one AM407 per file).
 
     Steps that already run under autocast or scale their loss (a previous
     run, or the user's own native AMP) are left as they are, and so are
@@ -142,6 +162,7 @@ from ._amp.checkpoints import Checkpoints
 from ._amp.deprecated import DeprecatedApi
 from ._amp.edits import AppliesEdits, Edits
 from ._amp.evaluation import Evaluation
+from ._amp.leaving import Leaving
 from ._amp.names import Resolution
 from ._amp.passed import Passed
 from ._amp.plan import (
@@ -152,26 +173,30 @@ from ._base import Codemod, code_of, walk
 from .script.amp_facts import amp_facts
 
 
-class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Resolution, AppliesEdits, Codemod):
+class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Resolution, AppliesEdits, Codemod):
     word = "amp"
     summary = "mixed precision: torch.autocast around forward and loss, a GradScaler for fp16; apex and torch.cuda.amp migrated"
     requires = ("device",)
     codes = {
-        "AM401": "training step runs under torch.autocast with a GradScaler",
-        "AM402": "evaluation runs under torch.autocast",
-        "AM403": "NVIDIA apex amp replaced by torch.amp",
-        "AM404": "deprecated torch.cuda.amp / torch.cpu.amp API replaced by torch.amp",
-        "AM405": "GradScaler state saved and loaded with the optimizer's",
-        "AM406": "gradients unscaled before they are clipped or read",
-        "AM410": "backward without its forward, loss or step in view: mixed precision by hand",
-        "AM411": "optimizer.step(closure): mixed precision by hand",
-        "AM412": "backward with arguments or raw autograd calls: scale by hand",
-        "AM413": "no device binding in reach: autocast needs the device type",
+        "AM401": "training step in full precision: no torch.autocast around its forward, no GradScaler",
+        "AM402": "evaluation under no_grad without torch.autocast",
+        "AM403": "NVIDIA apex amp, which torch.amp replaces",
+        "AM404": "deprecated torch.cuda.amp / torch.cpu.amp API",
+        "AM405": "checkpoint that needs the GradScaler's state next to the optimizer's",
+        "AM406": "gradients clipped or read, which need scaler.unscale_() first",
+        "AM407": "values computed under autocast that reach numpy, which has no bfloat16",
+        "AM410": "backward whose forward, loss or step is out of view: add autocast and a GradScaler by hand",
+        "AM411": "optimizer.step(closure): add autocast and a GradScaler by hand",
+        "AM412": "backward with arguments or raw autograd calls: scale the loss by hand",
+        "AM413": "no device in reach: autocast needs the device type",
         "AM414": "optimizer not traceable to its constructor: bind the GradScaler by hand",
-        "AM415": "layout the codemod cannot rewrite safely",
+        "AM415": "training step laid out in a way the codemod cannot rewrite safely: migrate it by hand",
         "AM416": "apex usage without a native equivalent: apex left in place",
-        "AM417": "checkpoint of the optimizer without the scaler's state",
+        "AM417": "checkpoint that saves the optimizer but not the GradScaler",
     }
+    # What a migration does alongside AM401 (the scaler's state in checkpoints,
+    # unscaling before clipping, casts back for numpy): nothing to act on.
+    notes = frozenset({"AM405", "AM406", "AM407"})
     # Every spelling of what this codemod matches contains one of these: a
     # training step ("backward"), an evaluation block, or the old AMP APIs,
     # which are reached through `.amp`, apex, or one of their names.
@@ -191,6 +216,9 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         self.apex_edits: list = []  # ApexEdits, committed together or not at all
         self.passed: dict = {}  # parameter Ref key -> (Function, [(call, the Ref its caller passes)])
         self.caller_devices: dict = {}  # a caller's scaler key -> the device in reach there
+        self.autocast_spans: list = []  # statements and `with` blocks the edits run under autocast
+        self.casts_to_numpy: list = []  # `.numpy()` and numpy-reading calls given full_precision(...)
+        self.resolving: set = set()  # assignment lines whose device is being resolved (against cycles)
 
     # =========================================================================
     # planning: everything is decided on the original tree, before any change
@@ -208,6 +236,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         self.plan_evaluation()
         self.plan_checkpoints(plans)
         self.plan_deprecated()
+        self.plan_leaving()
         self.commit_bindings()
         return True
 
@@ -375,6 +404,8 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         scaler = scaler_binding.text(self.owner_at(site))
         for region in plan.regions:
             self.edits.wrap[region.first] = (region.last, region.header)
+            body = list(region.block.body)
+            self.autocast_spans.extend(body[body.index(region.first): body.index(region.last) + 1])
         for backward in plan.backwards:
             self.scale_backward(backward, scaler)
         for call, _ in plan.steps:

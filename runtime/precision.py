@@ -17,6 +17,11 @@ enabled only for float16, whose narrow exponent range needs loss scaling;
 with bfloat16 or float32 it is a no-op and the same training code runs
 unchanged. `options` are GradScaler's own (init_scale, growth_interval, ...);
 `enabled=False` keeps it off in every precision.
+
+`full_precision(value)`: a float16 or bfloat16 tensor as float32 (lists and
+tuples of them element by element), anything else unchanged. Values computed
+under autocast pass through it where they leave for numpy, which has no
+bfloat16 (`tensor.numpy()` raises "Got unsupported ScalarType BFloat16").
 """
 
 from __future__ import annotations
@@ -72,4 +77,16 @@ def grad_scaler(device: DeviceLike, dtype: torch.dtype, enabled: bool = True, **
     return torch.amp.GradScaler(torch.device(device).type, enabled=bool(enabled) and dtype == torch.float16, **options)
 
 
-__all__ = ["PRECISION_VARIABLE", "autocast_dtype", "forced_dtype", "grad_scaler"]
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def full_precision(value):
+    """`value` with its float16/bfloat16 tensors cast to float32."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in _REDUCED else value
+    if type(value) in (list, tuple):
+        return type(value)(full_precision(v) for v in value)
+    return value
+
+
+__all__ = ["PRECISION_VARIABLE", "autocast_dtype", "forced_dtype", "full_precision", "grad_scaler"]

@@ -8,7 +8,8 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from .plan import AUTOCAST_DTYPE, DTYPE_NAMES, GRAD_SCALER_FACTORY, PRECISION, SCALER_NAMES, Binding, Problem, Ref, StepPlan, statement
+from .._base import is_docstring
+from .plan import AUTOCAST_DTYPE, CPU, CPU_TEXT, DTYPE_NAMES, GRAD_SCALER_FACTORY, PRECISION, SCALER_NAMES, Binding, Problem, Ref, StepPlan, is_import_line, statement
 
 
 class Bindings:
@@ -48,9 +49,10 @@ class Bindings:
             raise Problem(site, "AM414", "the optimizer attributes are bound in different methods: bind `self.scaler = grad_scaler(self.device, self.amp_dtype)` after them by hand")
         device = group[0].device
         dtype = self.dtype_binding(device)
-        if self.facts.scope_of(dtype.after) is self.facts.scope_of(after) and self.order(after) < self.order(dtype.after):
+        same_scope = self.facts.scope_of(dtype.after) is self.facts.scope_of(after)
+        if same_scope and self.order(after) < self.order(dtype.after):
             after = dtype.after  # the device is bound after the optimizer: the scaler follows the dtype
-        elif self.device_at(after) is not device:
+        elif not (same_scope and device.kind == "attr") and self.device_at(after) is not device:
             raise Problem(site, "AM413", "the device binding is out of reach where the optimizer is built: bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer by hand")
         for plan in group:
             if self.facts.scope_of(plan.site) is self.facts.scope_of(after) and not self.ends_before(after, plan.site):
@@ -108,6 +110,8 @@ class Bindings:
             binding = self.existing_binding(device, AUTOCAST_DTYPE)
             if binding is None and device.kind == "param":
                 binding = self.dtype_at_top(device)
+            if binding is None and device.kind == CPU:
+                binding = self.dtype_after_imports(device)
             if binding is None:
                 _, anchors = self.common_block(device.bindings)
                 after = max(anchors, key=self.order)
@@ -117,8 +121,26 @@ class Bindings:
             self.dtype_bindings[device.key] = binding
         return self.dtype_bindings[device.key]
 
+    def dtype_after_imports(self, device: Ref) -> Binding:
+        """`amp_dtype = autocast_dtype("cpu")` before the first module-level
+        statement that is not the docstring or an import: in reach of all
+        the code of a script that computes on the CPU only."""
+        body = list(self.tree.body)
+        position = next((i for i, s in enumerate(body) if not (is_docstring(s) or is_import_line(s))), len(body) - 1)
+        name = self.free_name(device, DTYPE_NAMES, [body[position]])
+        value = f"autocast_dtype({CPU_TEXT})"
+        if position > 0 and is_import_line(body[position - 1]):
+            return Binding("name", name, body[position - 1], None, value, spaced=True)  # a blank line after the imports
+        return Binding("name", name, body[position], None, value, before=True)
+
     def device_text(self, device: Ref, site: cst.CSTNode) -> str:
+        if device.kind == CPU:
+            return CPU_TEXT
         return f"{self.owner_at(site)}.{device.name}" if device.kind == "attr" else device.name
+
+    def device_type_text(self, device: Ref, site: cst.CSTNode) -> str:
+        """What autocast's `device_type=` reads: `device.type`, or "cpu"."""
+        return CPU_TEXT if device.kind == CPU else f"{self.device_text(device, site)}.type"
 
     def dtype_text(self, device: Ref, site: cst.CSTNode) -> str:
         """`amp_dtype` (or `self.amp_dtype`) as read at `site`; a Problem when
@@ -134,7 +156,7 @@ class Bindings:
         condition = f"{dtype} != {self.torch}.float32"
         if enabled is not None:
             condition = f"{enabled} and {condition}"
-        return f"{self.torch}.autocast(device_type={self.device_text(device, site)}.type, dtype={dtype}, enabled={condition})"
+        return f"{self.torch}.autocast(device_type={self.device_type_text(device, site)}, dtype={dtype}, enabled={condition})"
 
     def scaler_of(self, plan: StepPlan) -> Binding:
         return self.scaler_bindings[(plan.optimizers[0].kind, id(plan.optimizers[0].home))]
@@ -163,5 +185,6 @@ class Bindings:
         for binding in [*self.dtype_bindings.values(), *self.scaler_bindings.values()]:
             if binding.used and not binding.exists and binding.kind != "param":
                 insert = self.edits.insert_before if binding.before else self.edits.insert_after
-                insert(binding.after, statement(f"{binding.text(binding.owner)} = {binding.value}"))
+                line = statement(f"{binding.text(binding.owner)} = {binding.value}")
+                insert(binding.after, line.with_changes(leading_lines=[cst.EmptyLine()]) if binding.spaced else line)
 

@@ -10,7 +10,7 @@ import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 
 from .._base import code_of
-from .plan import NO_SPACE_EQUAL, PRECISION, Problem, Ref, without_parens
+from .plan import CPU, NO_SPACE_EQUAL, PRECISION, Problem, Ref, without_parens
 
 # Deprecated spelling -> (its torch.amp replacement, the device it hard-coded).
 DEPRECATED = {
@@ -73,7 +73,7 @@ class DeprecatedApi:
             if replacement not in ("autocast", "amp.GradScaler"):
                 continue
             device = self.device_at(call)
-            if device is None:
+            if device is None or device.kind == CPU:  # torch.cpu.amp on a CPU script: its bfloat16 is the user's choice
                 return {}, "no device binding in reach of every old autocast and GradScaler"
             if any(a.star for a in call.args) or self.is_suppressed(call, "AM404"):
                 return {}, f"`{code_of(call)}` stays as it is"
@@ -120,6 +120,9 @@ class DeprecatedApi:
         expression = cst.parse_expression(text)
         self.edits.replace[call] = lambda updated: expression
         self.use_dtype(device)
+        item = self.parent(call)
+        if replacement == "autocast" and isinstance(item, cst.WithItem):
+            self.autocast_spans.append(self.parent(item))  # its precision may now be bfloat16
         if replacement != "autocast":
             self.add_import(PRECISION, "grad_scaler")
         self.forget_import_of(call.func)

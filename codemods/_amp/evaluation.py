@@ -69,12 +69,16 @@ class Evaluation:
             return updated.with_changes(items=[*items, cst.WithItem(item=cst.parse_expression(header))])
 
         self.edits.replace[with_node] = add_item
+        self.autocast_spans.append(with_node)
         self.use_dtype(device)
 
     def plan_evaluation_function(self, function: cst.FunctionDef) -> None:
         statements = list(function.body.body)
         first = 1 if is_docstring(statements[0]) and len(statements) > 1 else 0
         device = self.device_at(statements[first])
+        while device is None and first < len(statements) - 1:
+            first += 1  # the function finds its device first (`device = next(model.parameters()).device`)
+            device = self.device_at(statements[first])
         name = function.name.value
         if device is None:
             self.report(function, "AM413", f"{name}() runs under no_grad with no device binding in reach: wrap its forward in `torch.autocast(device_type=device.type, dtype=amp_dtype)` by hand")
@@ -86,4 +90,5 @@ class Evaluation:
             return
         if self.fix(function, "AM402", f"{name}() (under no_grad) runs its body under torch.autocast too"):
             self.edits.wrap[statements[first]] = (statements[-1], header)
+            self.autocast_spans.extend(statements[first:])
             self.use_dtype(device)

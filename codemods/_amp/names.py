@@ -12,12 +12,14 @@ from .._base import dotted_name, walk
 from ..script import ScriptModel
 from ..script import vocabulary as v
 from ..script.amp_facts import AmpFacts
-from .plan import APEX_INITIALIZE, Problem, Ref, is_block
+from .plan import APEX_INITIALIZE, CPU, Problem, Ref, is_block
 
 # What an assignment binds, for the codemod: "device", "optimizer", "apex"
 # (`model, optimizer = amp.initialize(...)`), "scheduler", "plain" (a
 # constant, None), or "unknown" (a call that may return anything).
 _KNOWN_KINDS = ("device", "optimizer", "scheduler")
+# `device = torch.accelerator.current_accelerator()` (after `is_available()`): a torch.device.
+ACCELERATOR_DEVICE = frozenset({"torch.accelerator.current_accelerator"})
 
 
 class Resolution:
@@ -131,6 +133,8 @@ class Resolution:
             return kinds.pop() if len(kinds) == 1 else "unknown"
         if self.script.is_call_to(value, {APEX_INITIALIZE}):
             return "apex"
+        if self.facts.is_parameter_device(value) or self.script.is_call_to(value, ACCELERATOR_DEVICE):
+            return "device"
         kind = self.script.kind_of(value) if isinstance(value, cst.Call) else None
         return kind if kind in _KNOWN_KINDS else "unknown"
 
@@ -143,11 +147,14 @@ class Resolution:
 
     def lines_of_kind(self, bindings: list, kinds: tuple, transparent: tuple = ()) -> Optional[list]:
         """The assignment lines of `bindings` when each binds a value of one of
-        `kinds` (those that bind one of `transparent` are skipped); else None."""
+        `kinds` (those that bind one of `transparent` are skipped); else None.
+        A device may be bound from another device (`self.device = device`)."""
         lines = []
         for binding in bindings:
             line = self.assignment_line(binding)
             kind = self.value_kind(binding.statement.value) if line is not None else None
+            if kind == "unknown" and "device" in kinds and self.device_value(binding.statement.value, line):
+                kind = "device"
             if kind in transparent:
                 continue
             if kind not in kinds:
@@ -180,22 +187,97 @@ class Resolution:
         return Ref("name", name, home, sorted(lines, key=self.order))
 
     def device_at(self, site: cst.CSTNode) -> Optional[Ref]:
-        """The device binding in reach of `site`: a variable, else `self.<attr>`,
-        else a parameter that every caller passes a device to."""
-        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device")}
-        for name in sorted((n for n in names if "." not in n), key=lambda n: (n != "device", n)):
-            ref = self.resolve_name(name, site, ("device",))
+        """The device binding in reach of `site`: a variable (`device`,
+        `args.device`), else `self.<attr>`, else a parameter that every caller
+        passes a device to, else the CPU of a script that names no device."""
+        for name in self.device_names():
+            ref = self.device_named(name, site) if not self.is_instance_attribute(name, site) else None
             if ref is not None:
                 return self.devices.setdefault(ref.key, ref)
         owner = self.method_owner(site)
         if owner is not None:
             prefix = owner[1] + "."
-            attributes = {n[len(prefix):] for n in names if n.startswith(prefix) and "." not in n[len(prefix):]}
-            for attr in sorted(attributes, key=lambda a: (a != "device", a)):
+            attributes = {n[len(prefix):] for n in self.device_names() if n.startswith(prefix) and "." not in n[len(prefix):]}
+            for attr in sorted(attributes | {"device"}, key=lambda a: (a != "device", a)):
                 ref = self.resolve_ref(cst.Attribute(value=cst.Name(owner[1]), attr=cst.Name(attr)), site, ("device",))
                 if ref is not None:
                     return self.devices.setdefault(ref.key, ref)
-        return self.device_parameter_at(site)
+        return self.device_parameter_at(site) or self.cpu_only()
+
+    def device_names(self) -> list:
+        """Names and `x.attr` spellings that the script binds a device to
+        (`device` first), including those of the model's parameters."""
+        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device")}
+        names |= self.facts.parameter_device_names()
+        names = {n for n in names if n.count(".") <= 1}
+        return sorted(names, key=lambda n: (n.rsplit(".", 1)[-1] != "device", "." in n, n))
+
+    def is_instance_attribute(self, name: str, site: cst.CSTNode) -> bool:
+        owner = self.method_owner(site)
+        return owner is not None and name.startswith(owner[1] + ".")
+
+    def device_named(self, name: str, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:
+        """The device `name` (or `args.device`) holds at `site`: bound in
+        reach, or passed in by every caller."""
+        root, _, attribute = name.partition(".")
+        if not attribute:
+            return self.resolve_name(name, site, ("device",)) or self.passed_in(name, site, self.device_passed, depth)
+        roots = self.facts.bindings_of(root, site)
+        if len(roots) == 1 and roots[0].kind == "param":
+            return self.passed_in(root, site, lambda e, s, d: self.attribute_device(e, attribute, s, d), depth, name)
+        ref = self.resolve_name(name, site, ("device",))
+        return ref if ref is not None and roots and roots[0].scope is ref.home else None
+
+    def attribute_device(self, expression: cst.BaseExpression, attribute: str, site: cst.CSTNode, depth: int) -> Optional[Ref]:
+        """`<expression>.<attribute>` as a device at a call site."""
+        if not isinstance(expression, cst.Name):
+            return None
+        return self.device_named(f"{expression.value}.{attribute}", site, depth)
+
+    def device_value(self, value: cst.BaseExpression, site: cst.CSTNode) -> bool:
+        """`value` (a name, `args.device`, `self.device`, `device or
+        torch.device(...)`) holds a device at `site`."""
+        key = id(site)
+        if key in self.resolving:
+            return False
+        self.resolving.add(key)
+        try:
+            if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.Or):
+                return self.value_kind(value.right) == "device" and self.optional_device(value.left, site)
+            if not isinstance(value, (cst.Name, cst.Attribute)):
+                return False
+            name = self.dotted(value)
+            if name is None or name.count(".") > 1:
+                return False
+            if self.is_instance_attribute(name, site):
+                return self.resolve_ref(value, site, ("device",)) is not None
+            return self.device_named(name, site) is not None
+        finally:
+            self.resolving.discard(key)
+
+    def optional_device(self, value: cst.BaseExpression, site: cst.CSTNode) -> bool:
+        """`device` in `device or torch.device(...)`: a parameter defaulting
+        to None that every call in the file leaves out or passes a device."""
+        bindings = self.facts.bindings_of(value.value, site) if isinstance(value, cst.Name) else []
+        function = self.facts.function_at(site)
+        if len(bindings) != 1 or bindings[0].kind != "param" or function is None or not function.callers:
+            return False
+        default = bindings[0].value
+        if not (isinstance(default, cst.Name) and default.value == "None"):
+            return False
+        for call_site in function.callers:
+            argument = call_site.arguments.get(value.value)
+            if not call_site.complete or (argument is not None and self.device_passed(argument, call_site.call) is None):
+                return False
+        return True
+
+    def cpu_only(self) -> Optional[Ref]:
+        """The CPU, for a script that never names a device: its tensors and
+        modules stay where torch makes them."""
+        if self.facts.names_a_device():
+            return None
+        ref = Ref(CPU, CPU, self.script.module_scope, [])
+        return self.devices.setdefault(ref.key, ref)
 
     def optimizer_of(self, receiver: cst.BaseExpression, site: cst.CSTNode) -> Optional[Ref]:
         return self.optimizer_passed(receiver, site)

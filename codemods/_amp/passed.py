@@ -24,10 +24,11 @@ Resolver = Callable[[cst.BaseExpression, cst.CSTNode, int], Optional[Ref]]
 class Passed:
     """Mixed into the codemod."""
 
-    def passed_in(self, name: str, site: cst.CSTNode, resolve: Resolver, depth: int) -> Optional[Ref]:
+    def passed_in(self, name: str, site: cst.CSTNode, resolve: Resolver, depth: int, spelled: Optional[str] = None) -> Optional[Ref]:
         """A Ref of kind "param" when `name` at `site` is only a parameter of
         its function, and every call of that function in the file passes an
-        argument for it that `resolve` traces in the caller."""
+        argument for it that `resolve` traces in the caller. `spelled` names
+        the Ref when the device is an attribute of the parameter (`args.device`)."""
         function = self.facts.function_at(site)
         bindings = self.facts.bindings_of(name, site)
         if function is None or depth > FOLLOW_DEPTH or len(bindings) != 1 or bindings[0].kind != "param":
@@ -41,14 +42,14 @@ class Passed:
             if source is None:
                 return None
             sources.append((call_site.call, source))
-        ref = Ref("param", name, function.scope, [])
+        ref = Ref("param", spelled or name, function.scope, [])
         self.passed[ref.key] = (function, sources)
         return ref
 
     def device_passed(self, expression: cst.BaseExpression, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:
         if not isinstance(expression, cst.Name):
             return None
-        ref = self.resolve_name(expression.value, site, ("device",)) or self.passed_in(expression.value, site, self.device_passed, depth)
+        ref = self.device_named(expression.value, site, depth)
         return self.devices.setdefault(ref.key, ref) if ref is not None else None
 
     def optimizer_passed(self, expression: cst.BaseExpression, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:

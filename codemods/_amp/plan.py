@@ -29,6 +29,8 @@ ACCESSORS = frozenset({
     "state_dict", "detach", "item", "tolist", "numel", "size", "dim", "cpu", "to", "clone",
     "keys", "values", "items", "append", "extend", "eval", "train", "zero_grad",
 })
+CPU = "cpu"  # the kind of the device Ref of a script that computes on the CPU only
+CPU_TEXT = '"cpu"'
 SCALER_NAMES = ("scaler", "amp_scaler")
 DTYPE_NAMES = ("amp_dtype", "autocast_dtype_")
 NO_SPACE_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
@@ -38,6 +40,10 @@ Block = Union[cst.IndentedBlock, cst.Module]
 
 def is_block(node: Optional[cst.CSTNode]) -> bool:
     return isinstance(node, (cst.IndentedBlock, cst.Module))
+
+
+def is_import_line(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in node.body)
 
 
 def statement(text: str) -> cst.BaseStatement:
@@ -55,7 +61,9 @@ def method_call(node: cst.CSTNode, name: str) -> bool:
 @dataclasses.dataclass
 class Ref:
     """A device or an optimizer: a variable (`kind` "name", bound in scope
-    `home`) or an attribute of `self` (`kind` "attr", `home` the ClassDef)."""
+    `home`), an attribute of `self` (`kind` "attr", `home` the ClassDef), a
+    parameter (`kind` "param"), or the CPU of a script that names no device
+    (`kind` CPU, `home` the module scope, no bindings)."""
 
     kind: str
     name: str
@@ -111,6 +119,7 @@ class Binding:
     exists: bool = False  # already there (a previous run)
     used: bool = False  # something committed refers to it
     before: bool = False  # goes before `after` (the first statement of a function) instead
+    spaced: bool = False  # a blank line above it (after the module's imports)
     passed: list = dataclasses.field(default_factory=list)  # kind "param": (call, caller's scaler key, the Ref it passes)
 
     def text(self, owner: Optional[str]) -> str:

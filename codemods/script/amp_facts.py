@@ -23,6 +23,31 @@ _STORING = frozenset({"assign", "augassign", "for", "with", "named", "except"})
 # Subtrees whose names are neither read nor stored as values.
 _NOT_VALUES = (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal, cst.Del)
 
+# What places tensors somewhere other than the CPU, or asks where they are:
+# a file that uses none of these computes on the CPU only.
+_DEVICE_PREFIXES = (
+    "torch.cuda", "torch.mps", "torch.xpu", "torch.backends.mps", "torch.device",
+    "torch.set_default_device", "torch.set_default_tensor_type", "torch.nn.DataParallel",
+    "torch.nn.parallel", "accelmigrate.runtime.device",
+)
+# CUDA calls that place nothing: a CPU script may make them.
+_NOT_PLACING = frozenset(
+    f"torch.cuda.{name}" for name in (
+        "is_available", "empty_cache", "manual_seed", "manual_seed_all", "synchronize", "device_count",
+        "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
+    )
+)  # fmt: skip
+_PLACING_METHODS = frozenset({"cuda", "to", "mps", "xpu", "npu", "hpu", "ipu"})
+_PLACING_KEYWORDS = frozenset({"device", "map_location", "device_ids", "output_device", "device_map"})
+_CAST_KEYWORDS = frozenset({"dtype", "non_blocking", "copy", "memory_format"})
+_DTYPES = frozenset(
+    f"torch.{name}" for name in (
+        "float", "float32", "float64", "double", "float16", "half", "bfloat16", "int", "int8", "int16",
+        "int32", "int64", "long", "short", "uint8", "bool", "complex64", "complex128",
+    )
+)  # fmt: skip
+_ACCELERATOR_STRINGS = ("cuda", "mps", "xpu")
+
 _latest: list = [None, None]  # [model, facts]: one file version at a time
 
 
@@ -38,6 +63,8 @@ class AmpFacts:
         self.targets: dict[cst.CSTNode, Binding] = {
             b.node: b for s in index.scopes for bs in s.bindings.values() for b in bs if b.kind in _STORING
         }
+        self._names_a_device: Optional[bool] = None
+        self._parameter_devices: Optional[set] = None
 
     def calls_in(self, node: cst.CSTNode) -> list[cst.Call]:
         """The calls that the code of the function (or module) holding `node`
@@ -107,6 +134,55 @@ class AmpFacts:
                 skipped.add(child.keyword)
             elif isinstance(child, cst.Name):
                 yield child
+
+    def is_parameter_device(self, value: Optional[cst.BaseExpression]) -> bool:
+        """`next(model.parameters()).device` (or `iter(...)`, `.buffers()`): where the model is."""
+        if not (isinstance(value, cst.Attribute) and value.attr.value == "device" and isinstance(value.value, cst.Call)):
+            return False
+        call = value.value
+        if not self.model.is_call_to(call, {"builtins.next"}) or len(call.args) != 1:
+            return False
+        inner = call.args[0].value
+        if self.model.is_call_to(inner, {"builtins.iter"}) and len(inner.args) == 1:
+            inner = inner.args[0].value
+        return isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("parameters", "buffers") and not inner.args
+
+    def parameter_device_names(self) -> set:
+        """The names bound to the device of a model's parameters."""
+        if self._parameter_devices is None:
+            self._parameter_devices = {
+                b.name for s in self.model.index.scopes for bs in s.bindings.values() for b in bs if b.kind == "assign" and self.is_parameter_device(b.value)
+            }
+        return self._parameter_devices
+
+    def names_a_device(self) -> bool:
+        """The file binds, places or asks for a device somewhere (`.to(...)`,
+        `.cuda()`, `device=`, `torch.cuda.*`, a "cuda" string, a device
+        parameter or flag). A file that does none of this computes on the CPU."""
+        if self._names_a_device is None:
+            self._names_a_device = bool(self.model.devices) or any(self._places(n) for n in walk(self.model.module))
+        return self._names_a_device
+
+    def _places(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _PLACING_METHODS:
+            return not (node.func.attr.value == "to" and self._only_casts(node))
+        if isinstance(node, cst.Arg):
+            return node.keyword is not None and node.keyword.value in _PLACING_KEYWORDS
+        if isinstance(node, cst.SimpleString):
+            text = node.evaluated_value
+            return isinstance(text, str) and text.startswith(_ACCELERATOR_STRINGS)
+        if isinstance(node, cst.FormattedStringText):
+            return node.value.startswith(_ACCELERATOR_STRINGS)
+        if isinstance(node, (cst.Name, cst.Attribute)) and not isinstance(self.model.parent(node), cst.Attribute):
+            return any(name.startswith(_DEVICE_PREFIXES) and name not in _NOT_PLACING for name in self.model.qualified_names(node))
+        return False
+
+    def _only_casts(self, call: cst.Call) -> bool:
+        """`x.to(torch.float32)`, `x.to(dtype=...)`: a cast, no placement."""
+        return all(
+            arg.keyword.value in _CAST_KEYWORDS if arg.keyword is not None else self.model.is_qualified(arg.value, _DTYPES)
+            for arg in call.args
+        )
 
     def scope_of(self, node: cst.CSTNode) -> Scope:
         """As the model's, for a line too: a line directly in a function's body
