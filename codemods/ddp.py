@@ -11,16 +11,26 @@ What it does
       and gloo on CPU, the rank's GPU made current; torn down at exit,
       after an exception too; a world of one joins nothing);
     - wraps each trained model in `DistributedDataParallel` once it is on
-      its device: in place of `nn.DataParallel`, or else each model whose
-      parameters an optimizer trains (a GAN's generator and discriminator
-      alike), at the binding that training calls (an optimizer built in a
-      factory from its parameter gets the model wrapped where the factory is
-      called) (only when there is a process group, so a world of one runs
-      the bare model). Where several models train and one of them is called
-      more than once per step (a discriminator on real and fake batches),
-      that one gets `broadcast_buffers=False`: DDP would otherwise overwrite
-      its BatchNorm statistics in place between forwards that autograd still
-      needs; each rank keeps its own statistics, the parameters stay equal;
+      its device (after apex's `amp.initialize`, which must see the bare
+      model): in place of `nn.DataParallel`, or else each model whose
+      parameters an optimizer (or a hand-written `p.data.add_(p.grad, ...)`
+      update) trains: a GAN's generator and discriminator, an actor and a
+      critic, a distilled student (its frozen teacher stays bare, and loses
+      its DataParallel, as does a second model that only reloads a checkpoint
+      for inference), at the binding that training calls (an optimizer built
+      in a factory from its parameter gets the model wrapped where the
+      factory is called) (only when there is a process group, so a world of
+      one runs the bare model). Where several models train and one of them
+      is called more than once per step (a discriminator on real and fake
+      batches), that one gets `**rank_local_buffers()`: DDP would otherwise
+      overwrite its BatchNorm statistics in place between forwards that
+      autograd still needs; each rank keeps its own statistics, the
+      parameters stay equal. A model whose `forward` (in this file) calls a
+      layer only under a condition gets `find_unused_parameters=True`;
+    - makes a loop that trains leave on rank 0's decision
+      (`if rank_zero_decides(loss.item() < target): break`, early stopping,
+      a `while` test) wherever the condition may differ between ranks: a
+      rank leaving alone would leave the others waiting in an all-reduce;
     - gives each training DataLoader a `SeededDistributedSampler` (the
       runtime's DistributedSampler) that carries its old `shuffle=` (and
       `generator=`): in a world of one it shuffles exactly as `shuffle=True`
@@ -39,6 +49,10 @@ What it does
       a `barrier()` comes first, and the removal is rank 0's;
     - reads and writes `state_dict`s (and `.module`) through
       `unwrap_model(model)`, so checkpoint keys carry no `module.` prefix;
+      so do the model's own methods and attributes outside training
+      (`model.decode(z)` when sampling, `model.latent_dim`, `model.layer4`
+      for a hook), `model[0]`, and tools that trace or inspect the module
+      (`writer.add_graph(model, ...)`, torchinfo's `summary(model)`);
     - gives `--local_rank` / `--local-rank` a default read from LOCAL_RANK,
       where torchrun puts it.
 
@@ -82,13 +96,16 @@ Example
 
 Left alone (a finding says what to do by hand)
     Scripts that already set up torch.distributed; several models in
-    DataParallel where one of them no optimizer trains (an inference-only
-    teacher: drop its DataParallel first); no `backward()` (no training loop) or no
-    optimizer over a model's parameters; a model trained through its own
+    DataParallel where no optimizer shows which of them trains; no
+    `backward()` (no training loop) or no optimizer over a model's
+    parameters; a model trained through its own
     methods (`model.encode(x)`: DDP synchronises gradients only through
-    `model(...)`), rebound or moved after the wrap, returned from a
-    function, or wrapped under a condition that does more than print;
-    training DataLoaders with a custom `sampler=` or `batch_sampler=`,
+    `model(...)`), or a model class whose own methods hold the training loop
+    (a method cannot rebind `self`); a model rebound or moved after the
+    wrap, returned from a function, or wrapped under a condition that does
+    more than print; two backward passes through one forward
+    (`retain_graph=True`); a loop exit under a condition that not every
+    rank reaches; training DataLoaders with a custom `sampler=` or `batch_sampler=`,
     unseen arguments (`**kwargs`), no batch size, or no name of their own;
     epoch loops without a plain loop variable (`while`); output whose
     arguments may run collectives (`print(evaluate(model))`) or that shares
@@ -107,8 +124,9 @@ from typing import Callable, Sequence
 
 import libcst as cst
 
-from ._base import dotted_name
+from ._base import dotted_name, keyword_arg
 from ._ddp.common import RUNTIME, CannotMigrate, Edit, Insertion, Step, take_leading
+from ._ddp.decisions import RankDecisions
 from ._ddp.entry import ProcessGroupEntry
 from ._ddp.loaders import LoaderSharding
 from ._ddp.output import RankZeroOutput
@@ -128,9 +146,19 @@ ADDED_NAMES = {
     "world_size": RUNTIME,
     "per_process_batch_size": RUNTIME,
     "barrier": RUNTIME,
+    "rank_local_buffers": RUNTIME,
+    "rank_zero_decides": RUNTIME,
+}
+# Mechanical consequences of running on several ranks: one finding per file, at the first.
+ONE_FINDING_PER_FILE = {
+    "AM506": lambda n: (
+        "printing, logging and file writes on rank 0 only, under `if is_main_process():`"
+        + (f" ({n} statements, the first here)" if n > 1 else "")
+    ),
+    "AM507": lambda n: "tqdm bars on rank 0 only: `disable=not is_main_process()`" + (f" ({n} bars, the first here)" if n > 1 else ""),
 }
 # Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
-ADDED_WHERE_NEEDED = frozenset({"barrier"})
+ADDED_WHERE_NEEDED = frozenset({"barrier", "rank_zero_decides"})
 
 
 def _batch_mode(options) -> str:
@@ -141,35 +169,39 @@ def _batch_mode(options) -> str:
     return value or "global"
 
 
-class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, ProcessGroupEntry):
+class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry):
     word = "ddp"
     summary = "DataParallel or one process -> DistributedDataParallel, DistributedSampler, rank-0 output"
     requires = ("device", "main-guard")
     codes = {
-        "AM501": "process group joined at the start of the entry point",
-        "AM502": "DataParallel replaced by DistributedDataParallel",
-        "AM503": "model wrapped in DistributedDataParallel",
-        "AM504": "training DataLoader given a DistributedSampler",
-        "AM505": "sampler.set_epoch(epoch) at the top of the epoch loop",
-        "AM506": "printing, logging or a file write on rank 0 only",
-        "AM507": "tqdm bar hidden on ranks other than 0",
-        "AM508": "state_dict of the unwrapped model (no `module.` prefix)",
-        "AM509": "--local_rank defaults to LOCAL_RANK",
-        "AM510": "learning rate scaled by the world size (per-process batch)",
-        "AM520": "a model that cannot be wrapped safely",
-        "AM521": "training loop or epoch loop not found",
+        "AM501": "script that never joins the launch's process group",
+        "AM502": "DataParallel: one process drives every GPU",
+        "AM503": "trained model not wrapped in DistributedDataParallel",
+        "AM504": "training DataLoader without a DistributedSampler",
+        "AM505": "epoch loop without `sampler.set_epoch(epoch)`",
+        "AM506": "printing, logging or file writes on every rank",
+        "AM507": "tqdm bar shown on every rank",
+        "AM508": "use of the model that needs the bare module (state_dict, its own methods and attributes, tracing)",
+        "AM509": "--local_rank flag that torchrun no longer passes",
+        "AM510": "learning rate not scaled for the per-process batch",
+        "AM511": "loop exit decided on each rank's own value",
+        "AM512": "backward through a graph already backpropagated (`retain_graph=True`)",
+        "AM513": "DataParallel around a model that only runs inference",
+        "AM520": "model that cannot be wrapped safely",
+        "AM521": "training loop, epoch loop or training DataLoader not found",
         "AM522": "DataLoader with a custom sampler",
         "AM523": "DataLoader whose batch size or arguments cannot be seen",
         "AM524": "evaluation DataLoader: every rank evaluates the full set",
         "AM525": "output that cannot be moved to rank 0 safely",
         "AM526": "script already distributed",
         "AM527": "model used through its own methods while training",
-        "AM528": "file read that may race rank 0's write, or a writer to create on rank 0",
+        "AM528": "file read that may race rank 0's write, or a writer every rank creates",
         "AM529": "learning rate that cannot be scaled",
         "AM530": "name needed by the migrated code already used",
         "AM531": "no entry point in this file to join the process group from",
     }
-    triggers = ("DataParallel", "DataLoader", "optim", "local_rank", "local-rank")
+    notes = frozenset({"AM524"})
+    triggers = ("DataParallel", "DataLoader", "optim", "local_rank", "local-rank", "backward")
 
     @classmethod
     def check_options(cls, options) -> None:
@@ -207,14 +239,20 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         # sharding the data without them would train a model per rank.
         if any(self.is_suppressed(step.node, step.code) for step in self._steps if step.core):
             return True
+        summarized: dict[str, list[Step]] = {}
         for step in self._steps:
-            if self.fix(step.node, step.code, step.message):
+            if step.code in ONE_FINDING_PER_FILE:
+                if not self.is_suppressed(step.node, step.code):
+                    summarized.setdefault(step.code, []).append(step)
+                    step.apply()
+            elif self.fix(step.node, step.code, step.message):
                 step.apply()
+        for code, steps in summarized.items():
+            self.fix(steps[0].node, code, ONE_FINDING_PER_FILE[code](len(steps)))
         return True
 
     def _plan(self) -> None:
-        if not self._imports_runtime():
-            self._refuse_if_already_distributed()
+        self._refuse_if_already_distributed()
         self._refuse_on_name_clash()
         if not self._uses.backward_calls:
             first = next((c for c in self._uses.calls if self._is_model_or_loader_call(c)), None)
@@ -233,9 +271,27 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         had_data_parallel = bool(self._calls_to(v.DATA_PARALLEL))
         for model in models:
             self._plan_model_references(model, had_data_parallel=had_data_parallel)
+        self._refuse_retained_graphs(models)
         self._plan_learning_rates()
         self._plan_rank_zero_output(models or self._vars_wrapped_by(wrapped_before))
+        self._plan_rank_decisions()
         self._plan_init()
+
+    def _refuse_retained_graphs(self, models: list) -> None:
+        """DDP all-reduces each parameter once per forward: a second backward
+        through the same forward (actor and critic losses from one shared
+        network) fails, or adds gradients DDP never reduces."""
+        if not models:
+            return
+        for backward in self._uses.backward_calls:
+            retain = keyword_arg(backward, "retain_graph")
+            if retain is not None and not (isinstance(retain.value, cst.Name) and retain.value.value in ("False", "None")):
+                raise CannotMigrate(
+                    backward, "AM512",
+                    "`retain_graph=True`: under DistributedDataParallel each forward allows one backward, so ddp "
+                    "changed nothing; add the losses and call `backward()` once on their sum (the same gradients), "
+                    "or give each loss its own forward, then run ddp again",
+                )
 
     def _step(self, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None], core: bool = False) -> None:
         self._steps.append(Step(node, code, message, apply, core))
@@ -255,7 +311,10 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         )
 
     def _refuse_if_already_distributed(self) -> None:
-        found = self._calls_to(v.ALREADY_DISTRIBUTED)
+        # A file that imports the runtime may be ddp's own output, with its wraps
+        # and samplers; it never starts processes or a group itself.
+        ours = v.DISTRIBUTED_DATA_PARALLEL | v.DISTRIBUTED_SAMPLER if self._imports_runtime() else frozenset()
+        found = self._calls_to(v.ALREADY_DISTRIBUTED - ours)
         if found:
             raise CannotMigrate(
                 found[0], "AM526",

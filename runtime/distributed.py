@@ -13,7 +13,8 @@ not wrapped).
 Helpers that migrated scripts call: `is_distributed()`, `is_main_process()`,
 `global_rank()`, `world_size()`, `ddp_device_ids(model)`,
 `unwrap_model(model)`, `per_process_batch_size(batch_size)`, `barrier()`,
-`sum_across_ranks(...)` and `mean_across_ranks(total, count)`; and
+`sum_across_ranks(...)`, `mean_across_ranks(total, count)`,
+`rank_zero_decides(condition)` and `rank_local_buffers()`; and
 `SeededDistributedSampler`, the training DataLoader's sampler.
 
 Imports torch and the standard library only.
@@ -24,6 +25,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import functools
+import inspect
 import multiprocessing
 import os
 import re
@@ -119,6 +122,22 @@ def ddp_device_ids(model: torch.nn.Module) -> Optional[list[int]]:
     return None
 
 
+def rank_local_buffers() -> dict:
+    """Keyword arguments for DistributedDataParallel that leave each rank's
+    buffers (BatchNorm statistics) alone during forward passes, for a model
+    called several times before one backward. This torch's spelling: newer
+    versions deprecate `broadcast_buffers` for `forward_sync_buffers`."""
+    return dict(_rank_local_buffer_keywords())
+
+
+@functools.lru_cache(maxsize=None)
+def _rank_local_buffer_keywords() -> tuple:
+    accepted = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    if "forward_sync_buffers" in accepted:
+        return (("forward_sync_buffers", False),)
+    return (("broadcast_buffers", False),)
+
+
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The user's module inside DistributedDataParallel, DataParallel or
     torch.compile, whose state_dict keys carry no `module.` prefix."""
@@ -147,39 +166,53 @@ def per_process_batch_size(batch_size: int) -> int:
 
 
 class SeededDistributedSampler(DistributedSampler):
-    """A DistributedSampler for this launch whose order follows the script's
-    own seeding (`torch.manual_seed(...)`), as `DataLoader(shuffle=True)` did.
+    """A DistributedSampler for this launch whose order is the one the
+    original `DataLoader(shuffle=True)` drew, from the script's own seeding.
 
-    In a world of one (plain `python train.py`) it shuffles exactly as the
-    RandomSampler of `shuffle=True`: each time it is iterated it draws a seed
-    from torch's global generator (or from `generator`, the DataLoader's), so
-    the order of every epoch, and what the global random stream yields after
-    it, are the original's. Across ranks, one seed is drawn at construction
-    and rank 0's is broadcast, so every rank shuffles alike (each then takes
-    its own share) and the seed comes from rank 0's seeding; `set_epoch(epoch)`
-    gives each epoch a new order, as with any DistributedSampler."""
+    Each time it is iterated it shuffles exactly as the RandomSampler of
+    `shuffle=True` did (a seed drawn from torch's global generator, or the
+    DataLoader's `generator`), so in a world of one (plain `python train.py`)
+    the order of every epoch, and what the random stream yields after it, are
+    the original's. Across ranks, rank 0's order is broadcast and each rank
+    takes every world-size-th index of it: rank r's k-th batch holds the
+    original's k-th batch's indices r, r + world, ..., so the ranks' batches
+    of one step together make up the original batch, and N processes train
+    on the very batches one process did. `set_epoch` is accepted and not
+    needed: every epoch draws a new order, as the original did."""
 
     def __init__(
         self, dataset: Dataset, shuffle: bool = False, generator: Optional[torch.Generator] = None, drop_last: bool = False
     ) -> None:
-        sharded = env.world_size() > 1
-        seed = _seed_shared_by_ranks(generator) if shuffle and sharded else 0
-        super().__init__(dataset, num_replicas=env.world_size(), rank=env.rank(), shuffle=shuffle, seed=seed, drop_last=drop_last)
+        super().__init__(dataset, num_replicas=env.world_size(), rank=env.rank(), shuffle=shuffle, drop_last=drop_last)
         self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle and self.num_replicas == 1:
-            return iter(RandomSampler(self.dataset, generator=self.generator))
-        return super().__iter__()
+        if not self.shuffle:
+            return super().__iter__()
+        order = list(RandomSampler(self.dataset, generator=self.generator))  # the original's draw, on every rank
+        if self.num_replicas == 1:
+            return iter(order)
+        return iter(self._share_of(_rank_zero_order(order)))
+
+    def _share_of(self, order: list[int]) -> list[int]:
+        """This rank's indices of `order`, padded or cut to a multiple of the
+        world size as DistributedSampler does."""
+        if self.drop_last:
+            order = order[: self.total_size]
+        else:
+            while len(order) < self.total_size:
+                order += order[: self.total_size - len(order)]
+        return order[self.rank : self.total_size : self.num_replicas]
 
 
-def _seed_shared_by_ranks(generator: Optional[torch.Generator]) -> int:
-    """A seed drawn as RandomSampler draws one, the same on every rank (rank 0's)."""
-    seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
-    if _in_group():
-        seed = seed.to(_collective_device())
-        dist.broadcast(seed, src=0)
-    return int(seed.item())
+def _rank_zero_order(order: list[int]) -> list[int]:
+    """Rank 0's order on every rank: the ranks' shares then never overlap,
+    even where their random streams have drifted apart."""
+    if not _in_group():
+        return order
+    indices = torch.tensor(order, dtype=torch.int64, device=_collective_device())
+    dist.broadcast(indices, src=0)
+    return indices.tolist()
 
 
 def barrier() -> None:
@@ -187,6 +220,19 @@ def barrier() -> None:
     Every rank must call it: never inside an `if is_main_process():` branch."""
     if _in_group():
         dist.barrier()
+
+
+def rank_zero_decides(condition: object) -> bool:
+    """Rank 0's truth value of `condition`, on every rank: a loop that leaves
+    on a value each rank computes for itself (its own loss, a metric) leaves
+    on every rank at once, where ranks deciding alone would wait forever in
+    the next collective. Every rank must call it, at the same point."""
+    decision = bool(condition)
+    if _in_group():
+        flag = torch.tensor([int(decision)], dtype=torch.int64, device=_collective_device())
+        dist.broadcast(flag, src=0)
+        decision = bool(flag.item())
+    return decision
 
 
 def sum_across_ranks(*values: Number) -> Union[float, tuple[float, ...]]:
@@ -251,6 +297,8 @@ __all__ = [
     "local_rank",
     "mean_across_ranks",
     "per_process_batch_size",
+    "rank_local_buffers",
+    "rank_zero_decides",
     "sum_across_ranks",
     "unwrap_model",
     "world_size",

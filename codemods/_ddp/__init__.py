@@ -7,6 +7,7 @@ rewrites into the codemod's plan (`_step`, `_edits`, `_before`, `_after`,
 - wrap.py     which model to wrap in DistributedDataParallel, and where
 - loaders.py  DistributedSampler, set_epoch, per-process learning rates
 - output.py   printing, logging and file writes on rank 0; barriers before reads
+- decisions.py  loop exits decided by rank 0 for every rank (`rank_zero_decides`)
 - entry.py    where the process group is joined; --local_rank
 - common.py   the runtime module, the plan's data types, helpers on syntax alone
 """

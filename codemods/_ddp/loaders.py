@@ -16,6 +16,7 @@ from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
 )
+from .output import TQDM
 from .queries import ScriptQueries
 
 RUNTIME_SAMPLER = frozenset({f"{RUNTIME}.SeededDistributedSampler"})
@@ -45,7 +46,7 @@ class LoaderSharding(ScriptQueries):
             self._plan_set_epoch_for(call)  # migrated before
             return
         loops = self._batch_loops(call)
-        training = [loop for loop in loops if self._uses.trains(loop_body(loop[0]))]
+        training = [loop for loop in loops if self._trains(loop_body(loop[0]))]
         if loops and not training:
             self.report(
                 call, "AM524",
@@ -191,11 +192,40 @@ class LoaderSharding(ScriptQueries):
             return [
                 (loop, reference, path)
                 for reference, path in self._followed_references(var)
-                for loop in [self._loop_iterating(reference)]
-                if loop is not None
+                for loop in self._loops_over(reference)
             ]
         loop = self._loop_iterating(call)
         return [(loop, call, [])] if loop is not None else []
+
+    def _loops_over(self, reference: cst.CSTNode) -> list[cst.CSTNode]:
+        """The loops that iterate the loader `reference` reads: directly, or
+        through the progress bar it is given to (`pbar = tqdm(loader)`, then
+        `for batch in pbar:`), which yields the loader's batches."""
+        loop = self._loop_iterating(reference)
+        if loop is not None:
+            return [loop]
+        bar = self._progress_bar_of(reference)
+        if bar is None:
+            return []
+        return [loop for bar_reference in self._references(bar) for loop in [self._loop_iterating(bar_reference)] if loop is not None]
+
+    def _progress_bar_of(self, reference: cst.CSTNode) -> Optional[Var]:
+        """`bar` of `bar = tqdm(<reference>, ...)` (or `tqdm(enumerate(<reference>))`)."""
+        node = reference
+        for _ in range(2):
+            argument = self.parent(node)
+            call = self.parent(argument) if isinstance(argument, cst.Arg) else None
+            if not (isinstance(call, cst.Call) and argument is call.args[0] and argument.keyword is None):
+                return None
+            if self.is_call_to(call, TQDM):
+                assign = self.parent(call)
+                if isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1:
+                    return self._target_var(assign.targets[0].target)
+                return None
+            if not self.is_call_to(call, {"builtins.enumerate"}):
+                return None
+            node = call
+        return None
 
     def _loop_iterating(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         """The `for` statement or comprehension whose iterable holds `node`."""
@@ -214,7 +244,7 @@ class LoaderSharding(ScriptQueries):
 
     def _plan_set_epoch_for(self, call: cst.Call) -> None:
         for loop, expression, path in self._batch_loops(call):
-            if self._uses.trains(loop_body(loop)):
+            if self._trains(loop_body(loop)):
                 try:
                     self._plan_set_epoch(loop, expression, path)
                 except CannotMigrate as problem:
@@ -285,6 +315,12 @@ class LoaderSharding(ScriptQueries):
             if any(isinstance(n, cst.Call) and self.is_qualified(n.func, {f"{RUNTIME}.world_size"}) for n in walk(lr.value)):
                 continue
             self._plan_scaled_lr(optimizer, lr)
+        for update in self._manual_updates():
+            self.report(
+                update, "AM529",
+                "hand-written update: the global batch grows with the world size, so multiply the learning rate it "
+                "applies by `world_size()` by hand",
+            )
         for scheduler in self._calls_to(LR_SCHEDULERS_WITH_LR):
             self.report(
                 scheduler, "AM529",

@@ -11,7 +11,7 @@ from typing import Iterator, Optional
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from .._base import Codemod, dotted_name
+from .._base import Codemod, dotted_name, is_name, walk
 from ..script import vocabulary as v
 from ..script.uses import FOLLOW_DEPTH
 from ..script.flow import CallSite, Function
@@ -134,6 +134,58 @@ class ScriptQueries(Codemod):
         outer = self._var_of(passed) if passed is not None else None
         return (outer, sites[0].call) if outer is not None else None
 
+    def _trains(self, node: cst.CSTNode) -> bool:
+        """Does running `node` call a backward: through the file's functions the
+        model resolves, or through a method of the file's class called on an
+        instance the model cannot type (`stepper.step(x, y)`, where `stepper`
+        is a parameter given `Stepper(model, optimizer)` by the one caller)?"""
+        if self._uses.trains(node):
+            return True
+        return any(isinstance(call, cst.Call) and self._method_trains(call) for call in walk(node))
+
+    def _method_trains(self, call: cst.Call) -> bool:
+        func = call.func
+        if not isinstance(func, cst.Attribute) or self._calls_own_function(call):
+            return False
+        var = self._var_of(func.value) if isinstance(func.value, cst.Name) else None
+        klass = self._class_of(var, 0) if var is not None else None
+        method = method_of(klass, func.attr.value) if klass is not None else None
+        return method is not None and self._uses.trains(method.body)
+
+    def _class_of(self, var: Var, depth: int) -> Optional[cst.ClassDef]:
+        """The file's class whose instance `var` holds: built there, or passed
+        for a parameter by its one caller."""
+        if depth > FOLLOW_DEPTH:
+            return None
+        caller = self._caller_binding(var)
+        if caller is not None:
+            return self._class_of(caller[0], depth + 1)
+        classes = set()
+        for binding in self._bindings_of_var(var):
+            value = binding.value
+            if binding.kind != "assign" or not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+                return None
+            classes.update(b.node for b in self.script.bindings_of(value.func.value, value) if b.kind == "class")
+        return classes.pop() if len(classes) == 1 else None
+
+    def _manual_updates(self) -> list[cst.Call]:
+        """`for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)` (or
+        `p -= lr * p.grad`): the `model.parameters()` of each loop that updates
+        the parameters from their gradients by hand."""
+        found = []
+        for call in self._uses.calls:
+            loop = self.parent(call)
+            if (
+                isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "parameters"
+                and isinstance(loop, cst.For)
+                and loop.iter is call
+                and isinstance(loop.target, cst.Name)
+                and _updates_from_gradient(loop.body, loop.target.value)
+            ):
+                found.append(call)
+        return found
+
     def _optimizer_calls(self) -> list[cst.Call]:
         """Calls of an optimizer's class (not a factory: its arguments are not an optimizer's)."""
         return [
@@ -184,3 +236,34 @@ class ScriptQueries(Codemod):
                 asname = alias.asname.name.value if alias.asname is not None else None
                 return dotted_name(statement.module), last_name(alias.name), asname
         return None
+
+
+def _updates_from_gradient(body: cst.CSTNode, name: str) -> bool:
+    """Does `body` read `<name>.grad` and change `<name>` in place
+    (`name.data.add_(...)`, `name.sub_(...)`, `name -= ...`, `name.data -= ...`)?"""
+    reads_gradient = changes_in_place = False
+    for node in walk(body):
+        if isinstance(node, cst.Attribute) and node.attr.value == "grad" and is_name(node.value, name):
+            reads_gradient = True
+        elif isinstance(node, cst.AugAssign) and _roots_at(node.target, name):
+            changes_in_place = True
+        elif (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value.endswith("_")
+            and _roots_at(node.func.value, name)
+        ):
+            changes_in_place = True
+    return reads_gradient and changes_in_place
+
+
+def _roots_at(node: cst.CSTNode, name: str) -> bool:
+    """`name` or `name.data`."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+        node = node.value
+    return is_name(node, name)
+
+
+def method_of(klass: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
+    """The method `name` defined in the body of `klass`."""
+    return next((f for f in klass.body.body if isinstance(f, cst.FunctionDef) and f.name.value == name), None)

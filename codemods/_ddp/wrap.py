@@ -11,11 +11,12 @@ from typing import Callable, Optional
 import libcst as cst
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from .._base import is_main_guard, keyword_arg, walk
+from .._base import is_main_guard, is_name, keyword_arg, walk
 from ..script import vocabulary as v
 from ..script.uses import FOLLOW_DEPTH
+from .output import SUMMARY_WRITERS
 from .common import RUNTIME, CannotMigrate, Insertion, Var, as_atom, call_of, first_positional, keyword_of
-from .queries import ScriptQueries
+from .queries import ScriptQueries, method_of
 
 # Attributes of a model that mean the same on DistributedDataParallel.
 MODULE_API = frozenset(
@@ -32,8 +33,31 @@ UNWRAP_API = frozenset(
 )
 MOVES = frozenset({"to", "cuda"})
 LOCAL_BUFFERS_NOTE = (
-    "; `broadcast_buffers=False`: it runs several forwards per step, so each rank keeps its own BatchNorm "
-    "statistics (the parameters stay equal; rank 0's are saved)"
+    "; `**rank_local_buffers()`: it runs several forwards per step, so each rank keeps its own BatchNorm "
+    "statistics during forwards (the parameters stay equal; rank 0's are saved)"
+)
+UNUSED_NOTE = (
+    "; `find_unused_parameters=True`: its `forward` calls {layers} only under a condition, so a step may leave "
+    "their parameters without gradients"
+)
+# Calls that trace or inspect a module given as their first argument: they
+# need the user's module, not its DDP wrapper.
+INSPECTING_CALLS = frozenset(
+    {
+        "torchinfo.summary", "torchsummary.summary", "torch.jit.trace", "torch.jit.script", "torch.onnx.export",
+        "torch.fx.symbolic_trace", "thop.profile", "ptflops.get_model_complexity_info",
+    }
+)
+APEX_INITIALIZE = frozenset({"apex.amp.initialize"})
+# Layers without parameters: calling one under a condition leaves nothing unused.
+PARAMETER_FREE_LAYERS = frozenset(
+    f"torch.nn.{name}" for name in (
+        "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten", "Unflatten",
+        "ReLU", "ReLU6", "LeakyReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid", "Tanh", "Softmax",
+        "LogSoftmax", "Hardtanh", "Hardswish", "Hardsigmoid", "Softplus", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+        "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+        "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "Upsample", "PixelShuffle",
+    )
 )
 
 
@@ -56,47 +80,111 @@ class ModelWrapping(ScriptQueries):
         wrappers = self._calls_to(v.DATA_PARALLEL)
         if not wrappers:
             return self._plan_bare_models()
-        trained = {var for optimizer in self._optimizer_calls() for var in self._models_trained_by(optimizer)}
-        planned = []
+        trained = {var for site in self._update_sites() for var in self._models_trained_by(site)}
+        converted, covered = [], set()
         for call in wrappers:
             _, _, model = self._wrapper_assignment(call)
-            if len(wrappers) > 1 and model not in trained:
+            inner = first_positional(call)
+            inner_var = self._moved_var(inner.value) if inner is not None else None
+            if trained and model not in trained and inner_var not in trained:
+                self._plan_drop_data_parallel(call, model)
+                continue
+            if len(wrappers) > 1 and not trained:
                 raise CannotMigrate(
                     call, "AM520",
-                    f"several models are wrapped in DataParallel and no optimizer here trains `{model.code}`: ddp changed "
-                    f"nothing; drop its DataParallel if it only runs inference (or wrap it in DistributedDataParallel by "
-                    f"hand if it trains), then run ddp again",
+                    f"several models are wrapped in DataParallel and no optimizer here shows which of them trains: "
+                    f"ddp changed nothing; drop the DataParallel of each model that only runs inference (or wrap each "
+                    f"trained one in DistributedDataParallel by hand), then run ddp again",
                 )
-            planned.append((call, model))
-        return [self._plan_data_parallel_step(call, model, several=len(wrappers) > 1) for call, model in planned]
+            converted.append((call, model))
+            covered.update({model, inner_var})
+        several = len(converted) > 1
+        models = [self._plan_data_parallel_step(call, model, several) for call, model in converted]
+        left = {var for var in trained if var not in covered}
+        return models + (self._plan_bare_models(left) if left else [])
+
+    def _moved_var(self, expression: cst.BaseExpression) -> Optional[Var]:
+        """The variable of `net`, `net.to(device)` or `net.cuda().float()`."""
+        while (
+            isinstance(expression, cst.Call)
+            and isinstance(expression.func, cst.Attribute)
+            and expression.func.attr.value in v.SELF_RETURNING_MODULE_METHODS
+        ):
+            expression = expression.func.value
+        return self._var_of(expression)
 
     def _plan_data_parallel_step(self, call: cst.Call, model: Var, several: bool) -> Var:
         local_buffers = several and self._training_calls(model) > 1
-        model, anchor, apply = self._plan_data_parallel(call, local_buffers)
+        unused = self._layers_used_conditionally(model)
+        model, anchor, apply = self._plan_data_parallel(call, local_buffers, bool(unused))
         message = f"`DataParallel` -> `DistributedDataParallel` for `{model.code}` once it is on its device (only when launched on several processes)"
         dropped = [keyword_of(a) or "a positional argument" for a in call.args[1:]]
         if dropped:
             message += f"; its {', '.join(dropped)} dropped: each process computes on its own device"
-        if local_buffers:
-            message += LOCAL_BUFFERS_NOTE
-        self._plan_wrap_step(model, anchor, call, "AM502", message, apply)
+        message += self._wrap_notes(local_buffers, unused)
+        self._plan_wrap_step(model, anchor, call, "AM502", message, apply, local_buffers)
         return model
 
-    def _plan_wrap_step(self, model: Var, anchor: cst.CSTNode, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None]) -> None:
+    def _wrap_notes(self, local_buffers: bool, unused: list[str]) -> str:
+        notes = UNUSED_NOTE.format(layers=", ".join(f"`{name}`" for name in unused)) if unused else ""
+        return notes + (LOCAL_BUFFERS_NOTE if local_buffers else "")
+
+    def _plan_wrap_step(
+        self, model: Var, anchor: cst.CSTNode, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None],
+        local_buffers: bool = False,
+    ) -> None:
         self._check_model_uses(model, anchor)
 
         def wrap() -> None:
             self._use("is_distributed", "DistributedDataParallel", "ddp_device_ids")
+            if local_buffers:
+                self._use("rank_local_buffers")
             apply()
 
         self._step(node, code, message, wrap, core=True)
 
-    def _ddp_wrap(self, model: Var, trailing: Optional[cst.TrailingWhitespace] = None, local_buffers: bool = False) -> cst.If:
+    def _plan_drop_data_parallel(self, call: cst.Call, model: Var) -> None:
+        """A model in DataParallel that no optimizer trains (a distillation
+        teacher, a second model that reloads the trained one's checkpoint for
+        inference): each process runs it whole on its own device, so its
+        DataParallel goes; `.module` still reads the model itself."""
+        line, assign, _ = self._wrapper_assignment(call)
+        chained = self._self_returning_chain(call, assign.value)
+        inner = first_positional(call)
+        if inner is None:
+            raise CannotMigrate(call, "AM520", "DataParallel without a module argument: remove it by hand")
+        rebinds_itself = not chained and self._var_of(inner.value) == model
+        imported = self._from_import(call.func)
+
+        def apply() -> None:
+            if rebinds_itself:  # teacher = nn.DataParallel(teacher)
+                self._remove.add(line)
+                self._forget_import(imported)
+            else:
+                self._strip_data_parallel(call, chained, imported)
+
+        self._step(
+            call, "AM513",
+            f"`DataParallel` dropped from `{model.code}`: no optimizer trains it, so each process runs it whole on its "
+            f"own device; `state_dict`s it loads carry no `module.` prefix (strip it from older checkpoints with "
+            f"`torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, \"module.\")`)",
+            apply, core=True,
+        )
+        for reference, _ in self._followed_references(model):
+            parent = self.parent(reference)
+            if isinstance(parent, cst.Attribute) and parent.value is reference and parent.attr.value == "module":
+                self._plan_unwrap(parent, reference, f"`{self._code(reference)}.module` -> `unwrap_model({self._code(reference)})`")
+
+    def _ddp_wrap(
+        self, model: Var, trailing: Optional[cst.TrailingWhitespace] = None, local_buffers: bool = False, unused: bool = False
+    ) -> cst.If:
         target = model.code
         nl, indent = self._module.default_newline, self._module.default_indent
-        buffers = ", broadcast_buffers=False" if local_buffers else ""
+        # The runtime spells it for the torch that runs the script (`broadcast_buffers`
+        # is deprecated for `forward_sync_buffers` in newer versions).
+        extra = (", find_unused_parameters=True" if unused else "") + (", **rank_local_buffers()" if local_buffers else "")
         statement = cst.parse_statement(
-            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target}){buffers}){nl}",
+            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target}){extra}){nl}",
             config=self._config,
         )
         if trailing is not None and trailing.comment is not None:
@@ -104,7 +192,7 @@ class ModelWrapping(ScriptQueries):
             statement = statement.with_changes(body=statement.body.with_changes(body=[inner]))
         return statement
 
-    def _plan_data_parallel(self, call: cst.Call, local_buffers: bool) -> tuple[Var, cst.CSTNode, Callable[[], None]]:
+    def _plan_data_parallel(self, call: cst.Call, local_buffers: bool, unused: bool) -> tuple[Var, cst.CSTNode, Callable[[], None]]:
         line, assign, model = self._wrapper_assignment(call)
         inner = first_positional(call)
         if inner is None:
@@ -119,8 +207,8 @@ class ModelWrapping(ScriptQueries):
                 "`if is_distributed(): model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))` "
                 "after the model is on its device",
             )
-        anchor = self._after_moves(anchor, model)
-        wrap = self._ddp_wrap(model, line.trailing_whitespace if rebinds_itself else None, local_buffers)
+        anchor = self._after_apex_initialize(model, self._after_moves(anchor, model))
+        wrap = self._ddp_wrap(model, line.trailing_whitespace if rebinds_itself else None, local_buffers, unused)
         if rebinds_itself:  # the comments about the DataParallel line now describe the wrap
             wrap = wrap.with_changes(leading_lines=[l for l in line.leading_lines if l.comment is not None])
         imported = self._from_import(call.func)
@@ -132,13 +220,22 @@ class ModelWrapping(ScriptQueries):
                 for condition in conditions:  # innermost first
                     if all(s in self._remove for s in condition.body.body):
                         self._remove.add(condition)
-            else:  # model = nn.DataParallel(Net()).to(device) -> model = Net().to(device)
-                self._edits[call] = lambda updated: as_atom(updated.args[0].value) if chained else updated.args[0].value
+                self._forget_import(imported)
+            else:
+                self._strip_data_parallel(call, chained, imported)
             self._after.setdefault(anchor, []).append(wrap)
-            if imported is not None:  # `from torch.nn import DataParallel` may be unused now
-                RemoveImportsVisitor.remove_unused_import(self.context, *imported)
 
         return model, anchor, apply
+
+    def _strip_data_parallel(self, call: cst.Call, chained: bool, imported) -> None:
+        """`model = nn.DataParallel(Net()).to(device)` -> `model = Net().to(device)`."""
+        self._edits[call] = lambda updated: as_atom(updated.args[0].value) if chained else updated.args[0].value
+        self._forget_import(imported)
+
+    def _forget_import(self, imported) -> None:
+        """`from torch.nn import DataParallel` may be unused now."""
+        if imported is not None:
+            RemoveImportsVisitor.remove_unused_import(self.context, *imported)
 
     def _wrapper_assignment(self, call: cst.Call) -> tuple[cst.SimpleStatementLine, cst.Assign, Var]:
         """`model = nn.DataParallel(...)[.to(...)...]`: its line, Assign and target."""
@@ -231,23 +328,25 @@ class ModelWrapping(ScriptQueries):
             and self._var_of(value.func.value) == model
         )
 
-    def _plan_bare_models(self) -> list[Var]:
-        """No DataParallel: each model whose parameters an optimizer trains (one, or
-        several as in a GAN: a generator and a discriminator, each with its optimizer)."""
-        optimizers = self._optimizer_calls()
+    def _plan_bare_models(self, only: Optional[set[Var]] = None) -> list[Var]:
+        """No DataParallel: each model whose parameters an optimizer (or a
+        hand-written update) trains: one, or several as in a GAN (a generator
+        and a discriminator, each with its optimizer). `only`: those models."""
+        sites = self._update_sites()
         models: dict[Var, cst.Call] = {}
-        for optimizer in optimizers:
-            for var in self._models_trained_by(optimizer):
-                models.setdefault(var, optimizer)
+        for site in sites:
+            for var in self._models_trained_by(site):
+                if only is None or var in only:
+                    models.setdefault(var, site)
         if not models:
-            node = optimizers[0] if optimizers else self._uses.backward_calls[0]
+            node = sites[0] if sites else self._uses.backward_calls[0]
             raise CannotMigrate(
                 node, "AM520",
                 "no optimizer over `model.parameters()` found, so ddp cannot tell which model to wrap: once the "
                 "model is on its device, add `if is_distributed(): model = DistributedDataParallel(model, "
                 "device_ids=ddp_device_ids(model))`, then run ddp again",
             )
-        planned = [self._plan_bare_model(model, optimizer, several=len(models) > 1) for model, optimizer in models.items()]
+        planned = [self._plan_bare_model(model, site, several=len(models) > 1) for model, site in models.items()]
         wrapped = [model for model, _ in planned]
         if len(set(wrapped)) < len(wrapped):
             raise CannotMigrate(
@@ -259,18 +358,27 @@ class ModelWrapping(ScriptQueries):
             step()
         return wrapped
 
-    def _plan_bare_model(self, model: Var, optimizer: cst.Call, several: bool) -> tuple[Var, Callable[[], None]]:
+    def _plan_bare_model(self, model: Var, site: cst.Call, several: bool) -> tuple[Var, Callable[[], None]]:
         """The binding to wrap, and the step that plans the wrap (planned once every model is known)."""
-        model, built_at = self._binding_called_in_training(model, optimizer)
+        self._refuse_self_training(model, site)
+        model, built_at = self._binding_called_in_training(model, site)
         anchor, insert_before = self._bare_model_anchor(model, built_at)
+        apex_line = self._after_apex_initialize(model, anchor)
+        after_apex = apex_line is not anchor
+        if after_apex:
+            anchor, insert_before = apex_line, False
         # A model called several times before one backward (a discriminator on
         # real and fake batches) would have its BatchNorm buffers overwritten by
         # rank 0's in each forward, in place, while autograd still needs them.
         local_buffers = several and self._training_calls(model) > 1
-        wrap = self._ddp_wrap(model, local_buffers=local_buffers)
+        unused = self._layers_used_conditionally(model)
+        wrap = self._ddp_wrap(model, local_buffers=local_buffers, unused=bool(unused))
         message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
-        if local_buffers:
-            message += LOCAL_BUFFERS_NOTE
+        if after_apex:
+            message += ", after `amp.initialize` (apex wraps the bare model first)"
+        if site in self._manual_updates():
+            message += "; its hand-written update reads gradients that DDP averages across the ranks in `backward()`"
+        message += self._wrap_notes(local_buffers, unused)
 
         def apply() -> None:
             if insert_before:
@@ -278,7 +386,108 @@ class ModelWrapping(ScriptQueries):
             else:
                 self._after.setdefault(anchor, []).append(wrap)
 
-        return model, lambda: self._plan_wrap_step(model, anchor, built_at, "AM503", message, apply)
+        return model, lambda: self._plan_wrap_step(model, anchor, built_at, "AM503", message, apply, local_buffers)
+
+    def _layers_used_conditionally(self, model: Var) -> list[str]:
+        """The layers (`self.<name>` set in `__init__` to anything but a
+        parameter-free layer) that the `forward` of the model's class, when it
+        is this file's, calls only under an `if` or a conditional expression:
+        a step that does not take that branch leaves their parameters without
+        gradients, and DDP then fails the next step."""
+        klass = self._model_class(model)
+        forward = method_of(klass, "forward") if klass is not None else None
+        if forward is None:
+            return []
+        methods = {f.name.value for f in klass.body.body if isinstance(f, cst.FunctionDef)}
+        always, sometimes = set(), set()
+        for node in walk(forward.body):
+            if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and is_name(node.func.value, "self")):
+                continue
+            name = node.func.attr.value
+            if name in methods or self._parameter_free_layer(klass, name):
+                continue
+            (sometimes if self._under_condition(node, forward) else always).add(name)
+        return sorted(sometimes - always)
+
+    def _model_class(self, model: Var) -> Optional[cst.ClassDef]:
+        """This file's class that the model's bindings construct (through
+        DataParallel and `.to(...)` alike), when there is exactly one."""
+        classes = set()
+        for binding in self._bindings_of_var(model):
+            for node in walk(binding.value) if binding.value is not None else ():
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+                    classes.update(b.node for b in self.script.bindings_of(node.func.value, node) if b.kind == "class")
+        return classes.pop() if len(classes) == 1 else None
+
+    def _parameter_free_layer(self, klass: cst.ClassDef, name: str) -> bool:
+        """`self.<name> = nn.Dropout(...)` (or another layer without parameters) in `__init__`."""
+        init = method_of(klass, "__init__")
+        values = [
+            assign.value for assign in (walk(init.body) if init is not None else ())
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Attribute)
+            and is_name(assign.targets[0].target.value, "self") and assign.targets[0].target.attr.value == name
+        ]
+        return bool(values) and all(
+            isinstance(value, cst.Call) and any(n in PARAMETER_FREE_LAYERS for n in self.qualified_names(value.func))
+            for value in values
+        )
+
+    def _under_condition(self, node: cst.CSTNode, function: cst.FunctionDef) -> bool:
+        child = node
+        for ancestor in self.ancestors(node):
+            if ancestor is function:
+                return False
+            if isinstance(ancestor, cst.If) and child is not ancestor.test:
+                return True
+            if isinstance(ancestor, cst.IfExp) and child is not ancestor.test:
+                return True
+            child = ancestor
+        return False
+
+    def _refuse_self_training(self, model: Var, site: cst.Call) -> None:
+        """A model class that trains itself (`self.optimizer = SGD(self.parameters())`,
+        a `fit` method calling `self(x)`): a method cannot rebind `self`, and
+        `self(x)` would bypass any wrapper."""
+        if model.is_attribute or model.name != "self" or model.owner.kind != "function":
+            return
+        klass = next((a for a in self.ancestors(site) if isinstance(a, cst.ClassDef)), None)
+        name = f"`{klass.name.value}`" if klass is not None else "this model class"
+        raise CannotMigrate(
+            site, "AM520",
+            f"{name} trains itself in its own methods: DistributedDataParallel synchronises gradients only through "
+            f"calls of its wrapper, and a method cannot rebind `self`; move the training loop out of the class (build "
+            f"the model and its optimizer, wrap the model in DistributedDataParallel once it is on its device, call "
+            f"the wrapper in the loop), then run ddp again",
+        )
+
+    def _update_sites(self) -> list[cst.Call]:
+        """Where parameters get trained: the optimizers' constructions, and the
+        `model.parameters()` of hand-written updates."""
+        return self._optimizer_calls() + self._manual_updates()
+
+    def _apex_line(self, model: Var) -> Optional[cst.SimpleStatementLine]:
+        """`model, optimizer = amp.initialize(model, optimizer, ...)` (apex), when it rebinds `model`."""
+        for binding in self._bindings_of_var(model):
+            statement = binding.statement
+            if isinstance(statement, cst.Assign) and isinstance(statement.value, cst.Call) and self.is_call_to(statement.value, APEX_INITIALIZE):
+                line = self.parent(statement)
+                return line if isinstance(line, cst.SimpleStatementLine) else None
+        return None
+
+    def _after_apex_initialize(self, model: Var, anchor: cst.CSTNode) -> cst.CSTNode:
+        """apex refuses a model wrapped before `amp.initialize`: the wrap goes after it."""
+        line = self._apex_line(model)
+        if line is None:
+            return anchor
+        block = self.parent(anchor)
+        if self.parent(line) is not block or list(block.body).index(line) < list(block.body).index(anchor):
+            raise CannotMigrate(
+                line, "AM520",
+                f"`amp.initialize` (apex) rebinds `{model.code}` apart from where ddp would wrap it: right after it, add "
+                f"`if is_distributed(): {model.code} = DistributedDataParallel({model.code}, device_ids=ddp_device_ids({model.code}))`",
+            )
+        return line
 
     def _training_calls(self, model: Var) -> int:
         """How many places call `model(...)` where gradients are recorded."""
@@ -322,6 +531,9 @@ class ModelWrapping(ScriptQueries):
         return False
 
     def _models_trained_by(self, optimizer: cst.Call) -> set[Var]:
+        if isinstance(optimizer.func, cst.Attribute) and optimizer.func.attr.value == "parameters":  # a hand-written update
+            root = self._root_var(optimizer.func.value)
+            return {root} if root is not None else set()
         params = first_positional(optimizer) or keyword_arg(optimizer, "params")
         if params is None:
             return set()
@@ -391,12 +603,37 @@ class ModelWrapping(ScriptQueries):
                 )
         for reference, _ in self._followed_references(model):
             method = self._own_method_called(reference)
-            if method is not None and not self.script.in_evaluation(reference):
+            if method is not None and (self._in_training(reference) or self._method_trains_model(model, method)):
                 raise CannotMigrate(
                     reference, "AM527",
                     f"the model's own method `{method}` is called: under DistributedDataParallel gradients are "
                     f"synchronised only through `model(...)`; route the computation through `forward`, then run ddp again",
                 )
+
+    def _method_trains_model(self, model: Var, method: str) -> bool:
+        """`model.fit(loader, optimizer)`: a method of the model's class (in this
+        file) that trains, calling `self(...)` past any wrapper."""
+        klass = self._model_class(model)
+        found = method_of(klass, method) if klass is not None else None
+        return found is not None and self._trains(found.body)
+
+    def _in_training(self, node: cst.CSTNode) -> bool:
+        """Does `node` run where gradients flow to a backward: in a loop whose
+        body trains, or in a function that trains and is called in a loop
+        (a step function), outside no_grad?"""
+        if self.script.in_evaluation(node):
+            return False
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.For, cst.While)) and self._trains(ancestor.body):
+                return True
+            if isinstance(ancestor, cst.FunctionDef):
+                function = self.script.flow.functions.get(ancestor)
+                return (
+                    function is not None
+                    and self._trains(ancestor.body)
+                    and any(self.innermost_loop(site.call) is not None for site in function.callers)
+                )
+        return False
 
     def _compiles_model(self, statement: cst.SimpleStatementLine, model: Var) -> bool:
         """`model = torch.compile(model, ...)`: compiling the DDP model is the recommended order."""
@@ -446,10 +683,33 @@ class ModelWrapping(ScriptQueries):
                         reference, reference,
                         f"`{name}.{attribute}` -> `unwrap_model({name}).{attribute}`: names without `module.`, whatever the world size",
                     )
+                elif attribute not in MODULE_API:
+                    self._plan_unwrap(
+                        reference, reference,
+                        f"`{name}.{attribute}` -> `unwrap_model({name}).{attribute}`: the model's own, which its DDP wrapper lacks",
+                    )
+            elif isinstance(parent, cst.Subscript) and parent.value is reference:
+                self._plan_unwrap(reference, reference, f"`{name}[...]` -> `unwrap_model({name})[...]`: DDP has no layers to index")
             elif isinstance(parent, cst.Arg) and parent.keyword is None:
                 call = self.parent(parent)
-                if isinstance(call, cst.Call) and self.is_call_to(call, v.TORCH_SAVE) and call.args[0] is parent:
+                if not (isinstance(call, cst.Call) and call.args[0] is parent):
+                    continue
+                if self.is_call_to(call, v.TORCH_SAVE):
                     self._plan_unwrap(reference, reference, f"`torch.save(unwrap_model({name}), ...)`: the model itself, not its DDP wrapper")
+                elif self.is_call_to(call, INSPECTING_CALLS) or self._adds_graph(call):
+                    self._plan_unwrap(
+                        reference, reference,
+                        f"`{self._code(call.func)}(unwrap_model({name}), ...)`: it traces or inspects the model itself, not its DDP wrapper",
+                    )
+
+    def _adds_graph(self, call: cst.Call) -> bool:
+        """`writer.add_graph(model, ...)` on a `writer = SummaryWriter(...)`."""
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "add_graph" and isinstance(func.value, cst.Name)):
+            return False
+        return any(
+            isinstance(value, cst.Call) and self.is_call_to(value, SUMMARY_WRITERS) for value in self._assigned_values(func.value)
+        )
 
     def _is_unwrap_argument(self, arg: cst.Arg) -> bool:
         call = self.parent(arg)
