@@ -163,3 +163,27 @@ def test_batch_scale_cannot_be_verified(tmp_path):
     result = CliRunner().invoke(verify_command, [str(script), "--to", "batch-scale=2"])
     assert result.exit_code == 2
     assert "batch-scale changes the training on purpose" in result.output
+
+
+def test_the_command_line_runs_verify(tmp_path):
+    import subprocess
+    import sys
+
+    script = copy_script(tmp_path, "mlp_classifier.py")
+    completed = subprocess.run(
+        [sys.executable, "-m", "accelmigrate", "verify", str(script), "--to", "item", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "same: 2 steps agree" in completed.stdout
+
+
+def test_ddp_with_a_shuffled_loader_takes_the_original_steps(tmp_path):
+    # Six steps cross an epoch boundary: the second epoch's order is drawn anew.
+    script = copy_script(tmp_path, "ddp_shuffled_parity.py")
+    code, result = run_verify(str(script), "--to", "ddp", "--steps", "6")
+    assert code == 0, result
+    assert result["verdict"] == "same"
+    assert len(result["steps"]) == 6
