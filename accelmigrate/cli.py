@@ -169,7 +169,7 @@ def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_
     plan = _plan(words, config, DEFAULT_WORDS)
     files, empty = _files(paths, exclude, config, reporter)
     results = _run(
-        files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, cache_folder=_cache_folder(config, no_cache)
+        files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length, cache_folder=_cache_folder(config, no_cache)
     )
     left = {r.path: lint.visible(r.findings, show_notes=show_notes, unfixed_only=True) for r in results}
     changed = [r for r in results if r.changed]

@@ -18,6 +18,8 @@ import difflib
 from pathlib import Path
 from typing import Collection, Mapping, Optional, Sequence
 
+from accelmigrate.formatting import project_line_length
+
 try:
     import tomllib
 except ImportError:  # Python < 3.11
@@ -35,6 +37,7 @@ class Config:
     exclude: list[str] = dataclasses.field(default_factory=list)
     options: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     black: dict = dataclasses.field(default_factory=dict)  # [tool.black], for formatting output
+    line_length: Optional[int] = None  # black's `line-length`, else ruff's: where inserted code is wrapped
 
 
 def find_pyproject(start: Path) -> Optional[Path]:
@@ -78,7 +81,7 @@ def load_config(start: Path) -> Config:
         if check.table(table, f"[tool.accelmigrate.options] {word!r}") is not None
     }
     check.option_names(options)
-    return Config(pyproject, to, exclude, options, check.black(tool.get("black", {})))
+    return Config(pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool))
 
 
 SECTION_KEYS = ("to", "exclude", "options")

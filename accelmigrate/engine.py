@@ -5,9 +5,15 @@ when this content was seen with the same codemods and options -> cheap text
 pre-check -> one CPython parse (its verdict on syntax, with its positions, and
 the `ast` pre-check: which codemods can apply at all) -> LibCST parse, only
 when some codemod can -> codemods in their fixed order -> check the result
-parses -> keep black formatting if the input had it -> diff or atomic write
+parses -> fit it to the file (new imports in their isort sections; black over
+the whole file if the input was black-formatted, else over the inserted or
+rewritten statements too long for the line length) -> diff or atomic write
 -> FileResult. A file that fails, for whatever reason, becomes a FileResult
 with an error and is never written; the others go on.
+
+A notebook (`.ipynb`) goes the same way as one source made of its code cells
+(`notebook.py`), without the codemods that restructure a script's entry
+point; its findings are placed in their cells.
 
 LibCST's visitors recurse once or more per level of nesting, so the LibCST
 part runs in a thread with a large stack and a raised recursion limit: any
@@ -41,11 +47,14 @@ from accelmigrate.cache import Outcome, ResultCache
 from accelmigrate.codemods import Codemod, Finding, all_codemods, resolve
 from accelmigrate.codemods._base import ALL_CODES, Suppressions
 from accelmigrate.codemods.script import SourceFacts, precheck, words_that_may_apply
-from accelmigrate.formatting import black_format, is_black_formatted
+from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
+from accelmigrate.import_order import place_new_imports
+from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
 SUPPRESSION_MARK = "accelmigrate:"
-_SKIP = re.compile(r"accelmigrate:\s*skip(?:\[([A-Za-z0-9_,\s]+)\])?")
+# `skip`, `skip[AM101]`, `skip [AM101, AM201]`, `skip[AM101 AM201]`; not `skipped`.
+_SKIP = re.compile(r"accelmigrate:\s*skip\b(?:\s*\[([^\]]*)\])?")
 
 # Selected codemods with their options; a plain, picklable description so that
 # worker processes can rebuild it.
@@ -57,6 +66,16 @@ CODEMOD_FAILED = "AM000"
 # nesting; LibCST needs some 7 frames a level, each well under 10 KiB of C stack.
 DEEP_RECURSION_LIMIT = 50_000
 DEEP_STACK_BYTES = 512 * 2**20  # address space: only the pages used are ever touched
+
+# A notebook has no entry point to restructure: its cells run top to bottom in
+# one long-lived kernel that no launcher starts twice. main-guard and ddp are
+# not run on one, nor the codemods that need them (workers needs main-guard so
+# that spawned workers can re-import the classes they load, which a notebook
+# cannot give them; sync-bn needs ddp). The note below says so, once a notebook.
+NOT_IN_NOTEBOOK = "AM001"
+RESTRUCTURING_WORDS = frozenset({"main-guard", "ddp"})
+# Engine codes that need no action (hidden by `check` unless --show-notes).
+NOTES = frozenset({NOT_IN_NOTEBOOK})
 
 
 @dataclasses.dataclass
@@ -95,7 +114,7 @@ def suppressions_in(source: str) -> Suppressions:
                 if match:
                     codes = match.group(1)
                     found[token.start[0]] = (
-                        frozenset(c.strip().upper() for c in codes.split(",") if c.strip()) if codes else ALL_CODES
+                        frozenset(c.upper() for c in re.split(r"[\s,]+", codes) if c) if codes is not None else ALL_CODES
                     )
     except (tokenize.TokenError, SyntaxError):
         pass  # the parser reports the real problem
@@ -172,7 +191,9 @@ class _Stage:
         return cls(MetadataWrapper(tree, unsafe_skip_copy=True), code, suppressions_in(code))
 
 
-def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_only: bool = False) -> Migration:
+def migrate_source(
+    source: str, plan: Plan, path: str = "<string>", *, check_only: bool = False, notebook: bool = False
+) -> Migration:
     """Apply the planned codemods one after the other, each on the previous
     one's output (so `amp` sees the device binding that `device` added).
     Metadata is resolved again only after a codemod changed the tree. Every
@@ -181,11 +202,35 @@ def migrate_source(source: str, plan: Plan, path: str = "<string>", *, check_onl
     With `check_only` the code stays `source`, and each codemod sees the file
     as its prerequisites alone leave it (`amp` after `device`, `item` on the
     original): the same findings for far fewer metadata resolutions.
+
+    With `notebook` (`source` is a notebook's code cells), the codemods that
+    restructure a script's entry point, and those that need them, are left
+    out, with one note naming those that would have applied.
     """
     selected = codemods_that_may_apply(source, plan, path)
+    left_out: list[str] = []
+    if notebook:
+        left_out = [cls.word for cls, _ in selected if _restructures(cls)]
+        selected = [(cls, options) for cls, options in selected if not _restructures(cls)]
+    notes = [_not_in_notebook(left_out)] if left_out else []
     if not selected:
-        return Migration(source, [])  # never parsed by LibCST
-    return on_deep_stack(_run_codemods, source, selected, path, check_only)
+        return Migration(source, notes)  # never parsed by LibCST
+    migration = on_deep_stack(_run_codemods, source, selected, path, check_only)
+    return Migration(migration.code, sorted(notes + migration.findings))
+
+
+def _restructures(cls: type[Codemod]) -> bool:
+    return cls.word in RESTRUCTURING_WORDS or not RESTRUCTURING_WORDS.isdisjoint(_prerequisites(cls))
+
+
+def _not_in_notebook(words: list[str]) -> Finding:
+    return Finding(
+        1, 1, NOT_IN_NOTEBOOK,
+        f"not applied in a notebook: {', '.join(words)} (they need the training under `if __name__ == \"__main__\":` "
+        "in a script that processes can re-import, which a notebook cannot be; move the training code into a .py "
+        "script to migrate it with them)",
+        False, words[0],
+    )
 
 
 def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> list[tuple[type[Codemod], Mapping[str, str]]]:
@@ -209,17 +254,27 @@ def _run_codemods(
     original = _Stage.of(_parse(source, path), source)
     findings: list[Finding] = []
 
-    def advance(stage: _Stage, cls: type[Codemod], options: Mapping[str, str]) -> _Stage:
+    def advance(stage: _Stage, cls: type[Codemod], options: Mapping[str, str], *, record: bool = True) -> _Stage:
         tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions)
-        findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source))
+        if record:
+            findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source))
         return _Stage.of(tree, tree.code) if changed else stage
 
     if check_only:
-        words = [cls.word for cls, _ in selected]
+        by_word = {cls.word: (cls, options) for cls, options in selected}
         stages: dict[tuple[str, ...], _Stage] = {(): original}
+
+        def stage_after(words: tuple[str, ...]) -> _Stage:
+            """The file as these prerequisites, in order, leave it; a chain no
+            codemod has run yet (two prerequisites that do not need each
+            other) is run here, its findings already counted by their own."""
+            if words not in stages:
+                stages[words] = advance(stage_after(words[:-1]), *by_word[words[-1]], record=False)
+            return stages[words]
+
         for cls, options in selected:
-            before = tuple(w for w in words if w in _prerequisites(cls))
-            stages[(*before, cls.word)] = advance(stages[before], cls, options)
+            before = tuple(w for w in by_word if w in _prerequisites(cls))
+            stages[(*before, cls.word)] = advance(stage_after(before), cls, options)
         return Migration(source, sorted(findings))
     stage = original
     for cls, options in selected:
@@ -320,16 +375,55 @@ def _prerequisites(cls: type[Codemod]) -> set[str]:
 
 def _in_original_lines(findings: list[Finding], stage: str, original: str) -> list[Finding]:
     """Findings positioned in an intermediate version of the file, moved to the
-    matching lines of the original (a line that an earlier codemod inserted
-    maps to the original line where it was inserted)."""
+    matching lines of the original: a line that an earlier codemod re-indented
+    or moved (main-guard puts a flat script's code under its guard) maps to
+    its original line, the column shifted by the change of indentation; a line
+    that an earlier codemod inserted maps to the original line where it was
+    inserted."""
     if not findings:
         return findings
     before, after = _lines(original), _lines(stage)
+    to_original = _line_map(before, after)
+    moved = []
+    for finding in findings:
+        line = to_original.get(finding.line, finding.line)
+        column = finding.column
+        if finding.line <= len(after) and line <= len(before) and after[finding.line - 1].strip() == before[line - 1].strip():
+            column = max(1, column - _indent_width(after[finding.line - 1]) + _indent_width(before[line - 1]))
+        moved.append(dataclasses.replace(finding, line=line, column=column))
+    return moved
+
+
+def _line_map(before: list[str], after: list[str]) -> dict[int, int]:
+    """Each line of AFTER (1-based) -> its line in BEFORE. Lines are compared
+    without their indentation; a line in a changed run whose text occurs once
+    among BEFORE's unmatched lines is that line, moved; any other maps to the
+    nearest line of the run it replaced (an insertion, to where it was inserted)."""
+    stripped_before, stripped_after = [line.strip() for line in before], [line.strip() for line in after]
+    matcher = difflib.SequenceMatcher(None, stripped_before, stripped_after, autojunk=False)
+    opcodes = matcher.get_opcodes()
+    unmatched: dict[str, list[int]] = {}
+    for tag, i1, i2, _, _ in opcodes:
+        if tag != "equal":
+            for i in range(i1, i2):
+                unmatched.setdefault(stripped_before[i], []).append(i)
     to_original: dict[int, int] = {}
-    for _, i1, i2, j1, j2 in difflib.SequenceMatcher(None, before, after, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes:
         for offset in range(j2 - j1):
-            to_original[j1 + offset + 1] = min(i1 + offset, max(i1, i2 - 1), max(len(before) - 1, 0)) + 1
-    return [dataclasses.replace(f, line=to_original.get(f.line, f.line)) for f in findings]
+            j = j1 + offset
+            candidates = unmatched.get(stripped_after[j], []) if tag != "equal" and stripped_after[j] else []
+            if tag == "equal":
+                i = i1 + offset
+            elif len(candidates) == 1:
+                i = candidates[0]
+            else:
+                i = min(i1 + offset, max(i1, i2 - 1), max(len(before) - 1, 0))
+            to_original[j + 1] = i + 1
+    return to_original
+
+
+def _indent_width(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 def _lines(text: str) -> list[str]:
@@ -376,17 +470,19 @@ def process_file(
     write: bool = False,
     black_config: Optional[Mapping] = None,
     cache: Optional[ResultCache] = None,
+    line_length: Optional[int] = None,
 ) -> FileResult:
     """One file, start to end. Whatever goes wrong becomes this file's error
     (never the run's end); the file is then never written. With a `cache`
     (opened for this plan, mode and black settings), content seen before is
-    answered from it."""
+    answered from it. Inserted code is fitted to `line_length` (None: black's
+    configured length, else 88)."""
     result = FileResult(path)
     try:
         source = read_source(Path(path))
         result.original = source.text
-        outcome = _cached_outcome(source, path, cache, plan, check_only, black_config)
-        result.findings, result.error = outcome.findings, outcome.error
+        outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length)
+        result.findings, result.error = _in_cells(path, source.text, outcome.findings), outcome.error
         if outcome.error is not None:
             return result
         result.migrated = source.text if outcome.migrated is None else outcome.migrated
@@ -403,23 +499,33 @@ def process_file(
 
 
 def _cached_outcome(
-    source: SourceText, path: str, cache: Optional[ResultCache], plan: Plan, check_only: bool, black_config: Optional[Mapping]
+    source: SourceText,
+    path: str,
+    cache: Optional[ResultCache],
+    plan: Plan,
+    check_only: bool,
+    black_config: Optional[Mapping],
+    line_length: Optional[int],
 ) -> Outcome:
     if cache is None:
-        return _outcome(source.text, path, plan, check_only, black_config)
+        return _outcome(source.text, path, plan, check_only, black_config, line_length)
     key = cache.key(path, source)
     outcome = cache.get(key)
     if outcome is None:
-        outcome = _outcome(source.text, path, plan, check_only, black_config)
+        outcome = _outcome(source.text, path, plan, check_only, black_config, line_length)
         if not any(f.code == CODEMOD_FAILED for f in outcome.findings):  # a failure may not recur (memory, a bug fixed)
             cache.put(key, outcome)
     return outcome
 
 
-def _outcome(text: str, path: str, plan: Plan, check_only: bool, black_config: Optional[Mapping]) -> Outcome:
+def _outcome(
+    text: str, path: str, plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int] = None
+) -> Outcome:
     """What the codemods make of `text`: the migrated text (None: unchanged)
     and the findings, or the error that refuses it. Only what follows from
     the text is caught here; anything else is the caller's (and never cached)."""
+    if is_notebook(path):
+        return _notebook_outcome(text, path, plan, check_only, black_config, line_length)
     try:
         migration = migrate_source(text, plan, path, check_only=check_only)
     except MigrationError as error:
@@ -431,9 +537,59 @@ def _outcome(text: str, path: str, plan: Plan, check_only: bool, black_config: O
         _ensure_parses(migrated, path)
     except MigrationError as error:
         return Outcome(None, migration.findings, str(error))
-    if black_config is not None and is_black_formatted(text, black_config):
-        migrated = black_format(migrated, black_config)
-    return Outcome(migrated, migration.findings)
+    return Outcome(_fitted(text, migrated, path, black_config, line_length), migration.findings)
+
+
+def _fitted(original: str, migrated: str, path: str, black_config: Optional[Mapping], line_length: Optional[int]) -> str:
+    """MIGRATED in the file's style: new imports in their isort sections, then
+    black over the whole file if it was black-formatted, else black over the
+    inserted or rewritten statements that are too long for the line length."""
+    placed = place_new_imports(original, migrated, path)
+    if black_config is not None and is_black_formatted(original, black_config):
+        return black_format(placed, black_config)
+    return fit_changed_statements(original, placed, line_length or configured_line_length(black_config or {}))
+
+
+def _notebook_outcome(
+    text: str, path: str, plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int]
+) -> Outcome:
+    """A notebook's outcome: its code cells migrated as one source (magics and
+    shell lines inert), then put back into its JSON text, where only the
+    `source` of the cells that changed is rewritten. Findings keep their
+    positions in that source (`_in_cells` places them)."""
+    try:
+        notebook = parse_notebook(text, path)
+        if not notebook.is_python:
+            return Outcome(None, [])
+        migration = migrate_source(notebook.source, plan, path, check_only=check_only, notebook=True)
+        if migration.code == notebook.source:
+            return Outcome(None, migration.findings)
+        _ensure_parses(migration.code, path)
+        length = line_length or configured_line_length(black_config or {})
+        fitted = _fitted(notebook.source, migration.code, path, None, length)  # black formats no cell markers
+        return Outcome(notebook.with_source(fitted), migration.findings)
+    except MigrationError as error:
+        return Outcome(None, [], _in_notebook_terms(str(error), text))
+    except NotebookError as error:
+        message = str(error)
+        return Outcome(None, [], message if message.startswith(path) else f"{path}: {message}")
+
+
+def _in_notebook_terms(message: str, text: str) -> str:
+    """A syntax error's `path:LINE:` (a line of the cells' joint source) as
+    `path:cell N:LINE:`."""
+    match = re.match(r"(?P<path>.*?\.ipynb):(?P<line>\d+):", message)
+    if match is None:
+        return message
+    cell, line = parse_notebook(text).cell_position(int(match.group("line")))
+    return f"{match.group('path')}:cell {cell + 1}:{line}:" + message[match.end():]
+
+
+def _in_cells(path: str, text: str, findings: list[Finding]) -> list[Finding]:
+    """A notebook's findings placed in their cells (`cell N`, line in the cell)."""
+    if not findings or not is_notebook(path):
+        return findings
+    return parse_notebook(text, path).in_cells(findings)
 
 
 def _describe(error: BaseException) -> str:
@@ -450,6 +606,7 @@ def process_files(
     jobs: Optional[int] = None,
     on_done: Optional[Callable[[FileResult], None]] = None,
     cache_folder: Optional[Path] = None,
+    line_length: Optional[int] = None,
 ) -> list[FileResult]:
     """Process many files, in worker processes when there are several; results
     come back in the order of `paths`. Before writing, temporary files that a
@@ -459,9 +616,14 @@ def process_files(
     _classes(plan)  # an unknown word or option is the caller's error, raised before any file is read
     cache = None
     if cache_folder is not None:
-        settings = {"plan": [[word, sorted(options.items())] for word, options in plan], "check": check_only, "black": black_config}
+        settings = {
+            "plan": [[word, sorted(options.items())] for word, options in plan],
+            "check": check_only,
+            "black": black_config,
+            "line_length": line_length,
+        }
         cache = ResultCache.open(cache_folder, settings)
-    kwargs = dict(check_only=check_only, write=write, black_config=black_config, cache=cache)
+    kwargs = dict(check_only=check_only, write=write, black_config=black_config, cache=cache, line_length=line_length)
     if write:
         remove_stale_temporaries({Path(os.path.realpath(p)).parent for p in paths})
     results: list[FileResult] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Optional, Sequence
 
 from accelmigrate.codemods import Codemod, Finding, all_codemods
-from accelmigrate.engine import CODEMOD_FAILED, FileResult
+from accelmigrate.engine import CODEMOD_FAILED, NOTES as ENGINE_NOTES, FileResult
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
@@ -23,6 +23,8 @@ def codemod_of(finding: Finding) -> Optional[type[Codemod]]:
 
 
 def is_note(finding: Finding) -> bool:
+    if finding.code in ENGINE_NOTES:  # the engine's own, e.g. codemods a notebook skips
+        return True
     cls = codemod_of(finding)
     return cls is not None and finding.code in cls.notes
 
@@ -58,6 +60,19 @@ def check_message(finding: Finding, plan: Sequence[tuple[str, Mapping[str, str]]
     if finding.fixed:
         return f"{title(finding)} (fixable with `{fix_command(finding, plan)}`)"
     return finding.message
+
+
+def located_message(finding: Finding, plan: Sequence[tuple[str, Mapping[str, str]]]) -> str:
+    """`check_message`, led by the cell and line where the finding is in a
+    notebook: formats that point at lines of a file (GitHub, SARIF) cannot
+    point into a notebook's cells."""
+    cell = getattr(finding, "cell", None)
+    where = "" if cell is None else f"cell {cell}, line {finding.line}: "
+    return where + check_message(finding, plan)
+
+
+def in_notebook(finding: Finding) -> bool:
+    return getattr(finding, "cell", None) is not None
 
 
 def visible(findings: Iterable[Finding], *, show_notes: bool, unfixed_only: bool = False) -> list[Finding]:

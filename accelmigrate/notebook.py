@@ -30,7 +30,9 @@ import json
 import re
 import tokenize
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
+
+from accelmigrate.codemods import Finding
 
 CELL_MARKER = "# %% [accelmigrate cell {index}]"
 _CELL_MARKER_LINE = re.compile(r"# %% \[accelmigrate cell (\d+)\]\r?\n?")
@@ -43,6 +45,26 @@ _JSON = json.JSONDecoder()
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
 Source = Union[str, list]  # a cell's `source`: one string, or a list of lines
+
+
+NOTEBOOK_SUFFIX = ".ipynb"
+
+
+def is_notebook(path: str) -> bool:
+    return path.endswith(NOTEBOOK_SUFFIX)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CellFinding(Finding):
+    """A finding in a notebook: `line` counts from the first line of its cell."""
+
+    cell: int = 1  # 1-based, counting every cell (markdown too) as Jupyter shows them top to bottom
+
+
+def finding_position(finding: Finding) -> str:
+    """`cell N:LINE:COL` in a notebook, `LINE:COL` in a script."""
+    cell = getattr(finding, "cell", None)
+    return f"{'' if cell is None else f'cell {cell}:'}{finding.line}:{finding.column}"
 
 
 class NotebookError(ValueError):
@@ -75,6 +97,14 @@ class Notebook:
             if line >= cell.first_line - 1:
                 return cell.index, max(1, line - cell.first_line + 1)
         raise NotebookError(f"line {line} is in no code cell")
+
+    def in_cells(self, findings: Iterable[Finding]) -> list[CellFinding]:
+        """Findings positioned in `source`, placed in their cells."""
+        placed = []
+        for finding in findings:
+            index, line = self.cell_position(finding.line)
+            placed.append(CellFinding(**dataclasses.asdict(finding) | {"line": line, "cell": index + 1}))
+        return placed
 
     def with_source(self, migrated: str) -> str:
         """The notebook's JSON text with MIGRATED (this notebook's `source`,

@@ -13,6 +13,7 @@ from rich.syntax import Syntax
 from accelmigrate import lint
 from accelmigrate.codemods import Finding
 from accelmigrate.engine import FileResult, Plan
+from accelmigrate.notebook import finding_position
 
 
 def lines_with_ends(text: str) -> list[str]:
@@ -32,7 +33,7 @@ def unified_diff(result: FileResult) -> str:
 def finding_line(path: str, finding: Finding, *, check: bool, plan: Plan = ()) -> str:
     """`path:line:col: CODE message`. In `check`, a fixable finding reads
     `CODE [*] title (fixable with ...)` and a note `CODE note: message`."""
-    where = f"{path}:{finding.line}:{finding.column}: {finding.code}"
+    where = f"{path}:{finding_position(finding)}: {finding.code}"
     if check and finding.fixed:
         return f"{where} [*] {lint.check_message(finding, plan)}"
     if lint.is_note(finding):
@@ -51,11 +52,11 @@ GITHUB_COMMANDS = {lint.ERROR: "error", lint.WARNING: "warning", lint.NOTE: "not
 
 def github_annotation(path: str, finding: Finding, plan: Plan) -> str:
     """`::warning file=...,line=...,col=...,title=CODE::message`."""
+    where = (("file", path),) if lint.in_notebook(finding) else (("file", path), ("line", finding.line), ("col", finding.column))
     properties = ",".join(
-        f"{key}={github_escape(str(value), property_value=True)}"
-        for key, value in (("file", path), ("line", finding.line), ("col", finding.column), ("title", finding.code))
+        f"{key}={github_escape(str(value), property_value=True)}" for key, value in (*where, ("title", finding.code))
     )
-    return f"::{GITHUB_COMMANDS[lint.severity(finding)]} {properties}::{github_escape(lint.check_message(finding, plan))}"
+    return f"::{GITHUB_COMMANDS[lint.severity(finding)]} {properties}::{github_escape(lint.located_message(finding, plan))}"
 
 
 def result_payload(result: FileResult, shown: Sequence[Finding]) -> dict:

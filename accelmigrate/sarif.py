@@ -74,17 +74,19 @@ def _result(path: str, finding: Finding, index: Mapping[str, int], plan: Plan) -
         "ruleId": finding.code,
         "ruleIndex": index[finding.code],
         "level": LEVELS[lint.severity(finding)],
-        "message": {"text": lint.check_message(finding, plan)},
-        "locations": [
-            {
-                "physicalLocation": {
-                    "artifactLocation": _artifact(path),
-                    "region": {"startLine": finding.line, "startColumn": finding.column},
-                }
-            }
-        ],
+        "message": {"text": lint.located_message(finding, plan)},
+        "locations": [{"physicalLocation": _physical_location(path, finding)}],
         "properties": {"fixable": finding.fixed, "codemod": finding.word},
     }
+
+
+def _physical_location(path: str, finding: Finding) -> dict:
+    """The file, and the line and column in it; in a notebook the file only
+    (its lines are JSON; the message names the cell and line)."""
+    location: dict = {"artifactLocation": _artifact(path)}
+    if not lint.in_notebook(finding):
+        location["region"] = {"startLine": finding.line, "startColumn": finding.column}
+    return location
 
 
 def _artifact(path: str) -> dict:

@@ -60,8 +60,12 @@ def _excluded(path: Path, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(text, p) or fnmatch.fnmatch(path.name, p) or fnmatch.fnmatch(text, f"*/{p}") for p in patterns)
 
 
+# What a folder is searched for: Python scripts and Jupyter notebooks.
+SOURCE_SUFFIXES = (".py", ".ipynb")
+
+
 def iter_python_files(paths: Iterable[str], exclude: Sequence[str] = ()) -> Iterator[Path]:
-    """The files named, and every `*.py` below the folders named (sorted),
+    """The files named, and every `*.py` and `*.ipynb` below the folders named (sorted),
     skipping version-control, virtual-environment, build and cache folders.
     A path that does not exist is yielded as is: reading it reports the error."""
     for raw in paths:
@@ -79,7 +83,7 @@ def iter_python_files(paths: Iterable[str], exclude: Sequence[str] = ()) -> Iter
             )
             for name in sorted(files):
                 file = here / name
-                if name.endswith(".py") and not _excluded(file, exclude):
+                if name.endswith(SOURCE_SUFFIXES) and not _excluded(file, exclude):
                     yield file
 
 

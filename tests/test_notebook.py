@@ -250,3 +250,181 @@ def test_another_language_has_nothing_to_migrate():
 def test_what_is_not_a_notebook_is_refused(text, message):
     with pytest.raises(NotebookError, match=message):
         parse_notebook(text)
+
+
+# --- notebooks through the engine, the file walk and the command line ------------------------
+
+from pathlib import Path  # noqa: E402
+
+from accelmigrate.engine import NOT_IN_NOTEBOOK, process_file  # noqa: E402
+from accelmigrate.notebook import finding_position  # noqa: E402
+from accelmigrate.sources import iter_python_files  # noqa: E402
+
+from conftest import run_cli  # noqa: E402
+
+DEFAULT_PLAN = [(word, {}) for word in ("modernize", "workers", "item", "empty-cache")]
+
+LOOP = """\
+model = torch.nn.Linear(1, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(Squares(), batch_size=32, shuffle=True)
+history = []
+for epoch in range(3):
+    running = 0.0
+    for inputs, targets in loader:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        running += loss
+        torch.cuda.empty_cache()
+    history.append(running / len(loader))"""
+
+SUMMARY = "%%time\nprint(history)\n"
+
+
+def loop_notebook():
+    return notebook(
+        markdown(["# Squares\n", "Kept losses and a cache flush in the loop."]),
+        code(lines(SETUP), 1, tags=["setup"]),
+        code(lines(DATASET), 2),
+        code(lines(LOOP), 3, outputs=[STREAM, PICTURE]),
+        code(SUMMARY, 4),
+    )
+
+
+def saved(folder: Path, document, name="squares.ipynb") -> Path:
+    path = folder / name
+    path.write_text(json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def test_folders_yield_notebooks_beside_scripts_but_not_checkpoints(tmp_path: Path):
+    saved(tmp_path, loop_notebook())
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    saved(tmp_path / ".ipynb_checkpoints", loop_notebook(), "squares-checkpoint.ipynb")
+    assert sorted(p.name for p in iter_python_files([str(tmp_path)])) == ["squares.ipynb", "train.py"]
+
+
+def test_apply_migrates_a_notebooks_code_cells_and_nothing_else(tmp_path: Path):
+    original = loop_notebook()
+    path = saved(tmp_path, original)
+    result = process_file(str(path), DEFAULT_PLAN, write=True)
+    assert result.error is None and result.written
+    migrated = json.loads(path.read_text(encoding="utf-8"))
+    loop = "".join(migrated["cells"][3]["source"])
+    assert "running += loss.item()" in loop and "empty_cache" not in loop
+    assert [c for i, c in enumerate(migrated["cells"]) if i != 3] == [c for i, c in enumerate(original["cells"]) if i != 3]
+    assert migrated["cells"][3]["outputs"] == original["cells"][3]["outputs"]
+    assert {k: v for k, v in migrated.items() if k != "cells"} == {k: v for k, v in original.items() if k != "cells"}
+    # a second run changes nothing: the notebook stays byte for byte as the first run left it
+    before = path.read_bytes()
+    again = process_file(str(path), DEFAULT_PLAN, write=True)
+    assert (again.changed, again.written, path.read_bytes()) == (False, False, before)
+
+
+def test_a_notebook_with_nothing_to_change_is_not_rewritten(tmp_path: Path):
+    path = saved(tmp_path, training_notebook())
+    data = path.read_bytes()
+    result = process_file(str(path), [("item", {}), ("empty-cache", {})], write=True)
+    assert (result.error, result.changed, result.written) == (None, False, False)
+    assert path.read_bytes() == data
+
+
+def test_findings_are_placed_in_their_cells(tmp_path: Path):
+    path = saved(tmp_path, loop_notebook())
+    result = process_file(str(path), DEFAULT_PLAN, check_only=True)
+    assert result.error is None and not result.changed
+    placed = {f.code: finding_position(f) for f in result.findings}
+    # the loop is the notebook's fourth cell; `running += loss` its line 12, the flush its line 13
+    assert placed["AM201"] == "cell 4:12:9"
+    assert placed["AM210"] == "cell 4:13:9"
+    assert all(f.cell for f in result.findings)
+
+
+def test_main_guard_ddp_and_what_needs_them_leave_a_notebook_alone_with_one_note(tmp_path: Path):
+    document = loop_notebook()
+    path = saved(tmp_path, document)
+    data = path.read_bytes()
+    result = process_file(str(path), [("main-guard", {}), ("workers", {}), ("sync-bn", {})], write=True)
+    assert (result.error, result.written, path.read_bytes()) == (None, False, data)
+    [note] = result.findings
+    assert (note.code, note.fixed, finding_position(note)) == (NOT_IN_NOTEBOOK, False, "cell 2:1:1")
+    assert "main-guard, workers" in note.message and ".py script" in note.message
+
+
+def test_a_syntax_error_names_its_cell(tmp_path: Path):
+    path = saved(tmp_path, notebook(code(lines(SETUP)), code(["x = (1,\n", "print(x)"])))
+    result = process_file(str(path), DEFAULT_PLAN)
+    assert result.error is not None and f"{path}:cell 2:1:" in result.error
+
+
+def test_a_notebook_that_is_not_json_is_that_files_error(tmp_path: Path):
+    path = tmp_path / "broken.ipynb"
+    path.write_text('{"cells": [', encoding="utf-8")
+    result = process_file(str(path), DEFAULT_PLAN, write=True)
+    assert result.error is not None and "not JSON" in result.error and not result.written
+
+
+def test_the_command_line_applies_checks_and_diffs_notebooks(tmp_path: Path):
+    path = saved(tmp_path, loop_notebook())
+    untouched = saved(tmp_path, training_notebook(), "untouched.ipynb")
+    untouched_data = untouched.read_bytes()
+    checked = run_cli("check", "--no-cache", "--to", "item,empty-cache", str(tmp_path))
+    assert checked.returncode == 1, checked.stderr
+    assert "AM201" in checked.stdout and "AM210" in checked.stdout
+    diffed = run_cli("apply", "--no-cache", "--diff", str(tmp_path))
+    assert diffed.returncode == 1, diffed.stderr
+    assert '-    "        running += loss\\n",' in diffed.stdout
+    assert '+    "        running += loss.item()\\n",' in diffed.stdout
+    applied = run_cli("apply", "--no-cache", str(tmp_path))
+    assert applied.returncode == 0, applied.stderr
+    assert "running += loss.item()" in "".join(json.loads(path.read_text(encoding="utf-8"))["cells"][3]["source"])
+    assert untouched.read_bytes() == untouched_data
+
+
+def test_new_imports_join_the_first_cells_imports_below_its_magics(tmp_path: Path):
+    setup = "%matplotlib inline\nimport os\n\nimport torch\nfrom torch.utils.data import DataLoader, Dataset"
+    on_gpu = LOOP.replace("torch.nn.Linear(1, 1)", "torch.nn.Linear(1, 1).cuda()")
+    path = saved(tmp_path, notebook(code(lines(setup), 1), code(lines(DATASET), 2), code(lines(on_gpu), 3)))
+    result = process_file(str(path), [("device", {})], write=True)
+    assert result.error is None and result.written
+    cells = ["".join(cell["source"]) for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]]
+    assert cells[0] == (
+        "%matplotlib inline\nimport os\n\nimport torch\nfrom accelmigrate.runtime.device import get_device\n"
+        "from torch.utils.data import DataLoader, Dataset\n\ndevice = get_device()"
+    )
+    assert cells[1] == DATASET
+    assert "model = torch.nn.Linear(1, 1).to(device)" in cells[2]
+
+
+def test_the_pre_commit_hooks_run_on_notebooks_too():
+    yaml = pytest.importorskip("yaml")
+    hooks = yaml.safe_load((Path(__file__).resolve().parent.parent / ".pre-commit-hooks.yaml").read_text())
+    assert [hook["id"] for hook in hooks] == ["accelmigrate-check", "accelmigrate-apply"]
+    assert all(hook["types_or"] == ["python", "jupyter"] and "types" not in hook for hook in hooks)
+
+
+def test_check_names_the_cell_of_each_finding_in_every_format(tmp_path: Path):
+    path = saved(tmp_path, loop_notebook())
+    text = run_cli("check", "--no-cache", "--to", "item,empty-cache", str(path))
+    assert text.returncode == 1, text.stderr
+    assert f"{path}:cell 4:" in text.stdout  # the loop is the fourth cell (a markdown cell comes first)
+    github = run_cli("check", "--no-cache", "--format", "github", "--to", "item", str(path))
+    annotation = next(line for line in github.stdout.splitlines() if "AM20" in line)
+    assert ",line=" not in annotation and "cell 4, line " in annotation
+    sarif = json.loads(run_cli("check", "--no-cache", "--format", "sarif", "--to", "item", str(path)).stdout)
+    result = sarif["runs"][0]["results"][0]
+    assert "region" not in result["locations"][0]["physicalLocation"]
+    assert result["message"]["text"].startswith("cell 4, line ")
+
+
+def test_the_notebook_note_does_not_fail_check(tmp_path: Path):
+    path = saved(tmp_path, loop_notebook())
+    applied = run_cli("apply", "--no-cache", str(path))
+    assert applied.returncode == 0, applied.stderr
+    checked = run_cli("check", "--no-cache", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    shown = run_cli("check", "--no-cache", "--show-notes", str(path))
+    assert NOT_IN_NOTEBOOK in shown.stdout
