@@ -37,8 +37,36 @@ What it does
     - `torch.cuda.FloatTensor(...)` (and the other legacy CUDA tensor types)
       -> `torch.FloatTensor(...).to(device)`;
     - `x.cuda().cuda()` -> `x.to(device)` (the second move does nothing);
-    - `torch.cuda.set_device(...)` is removed (with an `if` around it that
-      does nothing else): `get_device()` makes its GPU the current device;
+    - `x.to(0)`, `torch.device(0)`, `device=0` given to torch: a GPU ordinal
+      is a placement too -> `device`; `self.device = device or
+      torch.device("cuda" ...)` -> `device or get_device()` (the passed-in
+      device stays the caller's);
+    - `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor` (`cuda`
+      being CUDA's availability) -> `Tensor = tensor_type(torch.float32,
+      device)` (accelmigrate.runtime.legacy: the same CPU or CUDA type there,
+      a constructor onto the device elsewhere), when every read of the name
+      calls it or gives it to `.type()`; `x.type(Tensor)` and
+      `x.type(torch.cuda.FloatTensor)` -> `x.to(device, torch.float32)`;
+    - `torch.cuda.set_device(i)` runs only under `if torch.cuda.is_available():`,
+      so on a GPU it still selects the process's GPU before NCCL starts;
+    - `init_process_group("nccl")` and a `--dist-backend` flag defaulting to
+      "nccl" -> `default_backend()` (accelmigrate.runtime.backend): nccl where
+      the script computes on CUDA, gloo elsewhere;
+    - a GPU index known only at run time (`.cuda(rank)` in an `mp.spawn`
+      worker, `.cuda(self.rank)`, `.cuda(i)` in a loop over GPUs,
+      `torch.device("cuda", i)`, `f"cuda:{i}"`, a `--gpu` flag) ->
+      `device_at(i)`: GPU i wherever CUDA is available, the runtime's device
+      elsewhere, so each process keeps its GPU and never collapses onto
+      another's. In a file that selects its GPU (`torch.cuda.set_device(rank)`,
+      `with torch.cuda.device(i):`), plain "cuda" means that GPU:
+      `device_at()`, the current GPU. A function whose placements all name its
+      own index parameter binds `device = device_at(rank)` once at its top;
+    - `DistributedDataParallel(model, device_ids=[i], output_device=i)` ->
+      `device_ids=ddp_device_ids(model)`: the model's GPU, None on the CPU
+      (which refuses GPU device_ids); `output_device` defaults to it;
+    - an apex import behind `try: ... except ImportError: raise` whose names
+      nothing reads is removed: it only made the script refuse to run without
+      apex. (`from apex import amp` in use is the `amp` codemod's.)
     - `if torch.cuda.is_available():` (or a `use_cuda` name assigned from it)
       around nothing but device moves is dropped, and so is
       `x.cuda() if use_cuda else x`: `.to(device)` is a no-op on the CPU.
@@ -105,15 +133,8 @@ Left alone (with a finding that says what to do)
       `torch.device("cuda", 1)`), and every explicit GPU, 0 included, in a
       file that names one other than 0: model parallelism or a deliberate
       choice (AM310);
-    - a GPU index known only at run time that is not the launcher's local
-      rank (`.cuda(rank)` under `mp.spawn`, `.cuda(self.rank)`, `.cuda(i)` in
-      a loop over GPUs, `torch.device("cuda", i)`, `f"cuda:{i}"`, a `--gpu`
-      flag): each process keeps the GPU it names, which the one run-time
-      device would not (DDP's `device_ids=[rank]` would disagree with it);
-      `.cuda(device)` of a passed-in device that may be None (`.to(None)`
-      moves nothing); and in a file that makes such a GPU current
-      (`torch.cuda.set_device(rank)`, `with torch.cuda.device(i):`), every
-      placement, since plain "cuda" means that GPU there (AM313);
+    - `.cuda(device)` of a passed-in device that may be None (`.to(None)`
+      moves nothing), and a computed GPU index in a library module (AM313);
     - a parameter default (`def f(device="cuda")`): it is evaluated at
       import, so it never refers to the run-time device (AM302);
     - `x.cpu().cuda()`: a copy to the host and back, rewritten to
@@ -128,8 +149,14 @@ Left alone (with a finding that says what to do)
       `torch.device("cuda:0") == "cuda"` is False (AM303, AM302); a string
       that merely says "cuda" and is never used as a device is not touched;
     - `parser.add_argument("--device", default="cuda")` (AM302, unfixed);
-    - legacy CUDA tensor types used as values (`x.type(torch.cuda.FloatTensor)`,
-      `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`) (AM308);
+    - legacy CUDA tensor types used as other values: chosen by a user's flag
+      (`if opt.cuda`), or the chosen type passed on or used in `isinstance`
+      (AM308);
+    - `torch.cuda.set_device(...)` on a line with other statements (AM307);
+      a DDP `device_ids` list of another shape, or `output_device` different
+      from it (AM316);
+    - an apex name in use other than apex amp (`apex.parallel`,
+      `apex.optimizers`): the replacement is named (AM315).
     - `"cuda"` given to a function that is not torch's (AM302, unfixed);
       `device_type="cuda"`, `torch.autocast("cuda")` and
       `GradScaler(device="cuda")`, which take the string by contract (the
@@ -144,14 +171,18 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from ._base import Codemod, walk
+from ._base import Codemod, remove_statements, walk
 from ._device.calls import CallPlans
 from ._device.guards import GuardPlans
 from ._device.literals import (
-    BINDING_NAMES, CUDA, EXPECTS_ERROR_FUNCTIONS, EXPECTS_ERROR_METHODS, GET_DEVICE, GET_DEVICE_NAMES, LIBRARY,
-    LIBRARY_ADVICE, OTHER_GPU, RUNTIME_MODULE, SCRIPT, SELF_TEST, SELF_TEST_ADVICE, SET_DEFAULT_DEVICE, TORCH_LOAD,
-    cuda_literal, method_name,
+    BINDING_NAMES, COMPUTED_GPU, CUDA, EXPECTS_ERROR_FUNCTIONS, EXPECTS_ERROR_METHODS, GET_DEVICE, GET_DEVICE_NAMES, LIBRARY,
+    LIBRARY_ADVICE, OTHER_GPU, RUNTIME_MODULE, SCRIPT, SELF_TEST, SELF_TEST_ADVICE, SET_DEFAULT_DEVICE, TORCH_DEVICE,
+    TORCH_LOAD, cuda_literal, method_name,
 )
+from ._device.apex import ApexPlans
+from ._device.backend import BackendPlans
+from ._device.legacy import LegacyTypePlans
+from ._device.per_process import PerProcessPlans
 from ._device.placement import Placement
 from ._device.syntax import after_docstring_and_future, binding_line, is_import_line, runtime_import_line, unwrap
 from ._device.values import DeviceValues
@@ -160,38 +191,45 @@ from .script.device_facts import device_facts
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
 
 
-class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
+class Device(DeviceValues, Placement, CallPlans, PerProcessPlans, BackendPlans, GuardPlans, LegacyTypePlans, ApexPlans, Codemod):
     word = "device"
     summary = "hard-coded .cuda() / 'cuda' placements -> one device chosen at run time (get_device())"
     codes = {
-        "AM301": ".cuda() -> .to(device)",
-        "AM302": "hard-coded CUDA device ('cuda', torch.device('cuda')) -> device",
-        "AM303": "CUDA device definition -> get_device()",
-        "AM304": "torch.load without map_location -> map_location=device",
-        "AM305": "redundant second device move removed",
+        "AM301": ".cuda() ties the script to a CUDA GPU",
+        "AM302": "hard-coded CUDA device ('cuda', torch.device('cuda'), a GPU ordinal)",
+        "AM303": "CUDA device definition that bypasses the run-time device choice",
+        "AM304": "torch.load without map_location: a checkpoint saved on a GPU fails to load on a CPU",
+        "AM305": "redundant second device move",
         "AM306": ".cpu().cuda(): a round trip through the host",
-        "AM307": "torch.cuda.set_device(...) removed: the runtime sets the device",
-        "AM308": "legacy CUDA tensor type",
-        "AM309": "CUDA availability check around device moves removed",
-        "AM310": "explicit GPU other than 0: left alone",
-        "AM311": "no device name can be used here: move by hand",
-        "AM312": "call that needs a GPU to run",
-        "AM313": "GPU index computed at run time (a rank, a loop variable, a passed-in device): left alone",
+        "AM307": "torch.cuda.set_device(...) that fails without CUDA",
+        "AM308": "legacy CUDA tensor type (torch.cuda.FloatTensor...)",
+        "AM309": "CUDA availability check around device moves that .to(device) makes unneeded",
+        "AM310": "explicit GPU other than 0",
+        "AM311": "CUDA placement with no device name in reach",
+        "AM312": "call that needs a GPU to run, outside a CUDA check",
+        "AM313": "GPU index computed at run time (a rank, a loop variable, a passed-in device)",
+        "AM314": "process-group backend hard-coded to NCCL, which needs a GPU",
+        "AM315": "NVIDIA apex required at import",
+        "AM316": "DistributedDataParallel given GPU device_ids, which a model on the CPU refuses",
     }
     # Every match contains "cuda" (`.cuda(`, "cuda" strings, `torch.cuda.`,
-    # `from torch import cuda`) or "load" (`torch.load`, `from torch import load`).
-    triggers = ("cuda", "load")
+    # `from torch import cuda`), "load" (`torch.load`, `from torch import load`),
+    # "nccl" (a backend) or "apex" (its import).
+    triggers = ("cuda", "load", "nccl", "apex")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._edits: dict[cst.CSTNode, Edit] = {}
-        self._dropped: set[cst.CSTNode] = set()  # statements removed
         self._unwrapped: set[cst.If] = set()  # ifs replaced by their body
+        self._removed: set[cst.CSTNode] = set()  # statements removed
         self._anchor: Optional[cst.CSTNode] = None  # the binding goes after it
         self._binding_at_top = False
         self._binding_name = "device"
         self._get_device_name = "get_device"
         self._uses_runtime = False
+        self._device_at_sites: dict[cst.CSTNode, str] = {}  # may be placed with device_at(<index code>)
+        self._placed_at: list[cst.CSTNode] = []  # placed with device_at()
+        self._device_bound_in: dict[cst.FunctionDef, str] = {}  # functions that bind `device = device_at(...)`
         self._import_in_guard = False  # SELF_TEST: `from ... import get_device` at the top of the guard
         self._several_gpus = False  # the file names a GPU other than 0
 
@@ -210,16 +248,21 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         self._definition_nodes = {n for d in self._definitions for n in walk(d.value)}
         self._role = self._file_role(calls)
         self._gpu_choice = self._file_chooses_its_gpu(calls)
-        self._plan_definitions()
         self._fallback_sites: list[cst.CSTNode] = []  # rewritten with the added binding
         self._needs_binding: set[cst.CSTNode] = set()
+        self._plan_definitions()
         self._choose_binding_name()
         self._needs_binding.clear()
         self._plan_calls()
+        for call in self.facts.calls:
+            self._plan_ddp_device_ids(call)
         self._plan_parameter_defaults()
         self._plan_guards()
         self._plan_set_device()
-        self._report_legacy_references()
+        self._plan_backend_assignments()
+        self._plan_legacy_values()
+        self._plan_apex_imports()
+        self._plan_device_bindings()
         self._plan_binding()
         return True
 
@@ -293,7 +336,10 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
     def _device_work(self, calls):
         """The placements and CUDA device definitions of the file."""
         yield from (call for call in calls if self._needs_device(call))
-        yield from (d.value for d in self._definitions if d.device.kind in (CUDA, "choice"))
+        yield from (
+            call for call in calls if self.is_call_to(call, TORCH_DEVICE) and self._torch_device_value(call).kind == COMPUTED_GPU
+        )
+        yield from (d.value for d in self._definitions if d.device.kind in (CUDA, COMPUTED_GPU, "choice"))
 
     def _chooses_device(self, node: cst.CSTNode) -> bool:
         """May the code at `node` choose the device (the script's), rather than
@@ -384,6 +430,8 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         """The code of the device expression to use at `site`: an existing
         device variable in reach, else the added binding. "" when no name can
         be used safely there."""
+        if self._gpu_choice is not None and self._chooses_device(site):
+            return self._device_at(site, None)  # plain "cuda" means the GPU that the file selected
         if self._gpu_choice is not None:
             return ""
         existing = self._existing_device(site)
@@ -412,6 +460,9 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         """`site` is rewritten with `placement`: the node to put there."""
         if site in self._needs_binding:
             self._fallback_sites.append(site)
+        if site in self._device_at_sites:
+            self._placed_at.append(site)
+            self.add_import(RUNTIME_MODULE, "device_at")
         return cst.parse_expression(placement)
 
     # The added binding.
@@ -454,6 +505,10 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         body = self._rewrite_body(original_node.body, updated_node.body)
         return updated_node if body is None else updated_node.with_changes(body=body)
 
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        index = self._device_bound_in.get(original_node)
+        return updated_node if index is None else self._bind_device(updated_node, index)
+
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node is not self.script.entry.main_guard or self._role != SELF_TEST:
             return updated_node
@@ -471,24 +526,14 @@ class Device(DeviceValues, Placement, CallPlans, GuardPlans, Codemod):
         return updated_node.with_changes(body=body)
 
     def _rewrite_body(self, originals, updated) -> Optional[list]:
-        """Drop, unwrap and insert statements of one body (matched by the
+        """Unwrap, remove and insert statements of one body (matched by the
         original nodes); None when nothing in it changes."""
-        touched = self._dropped | self._unwrapped | ({self._anchor} if self._anchor is not None else set())
+        touched = self._unwrapped | self._removed | ({self._anchor} if self._anchor is not None else set())
         if touched.isdisjoint(originals):
             return None
         result: list = []
-        carried: list[cst.EmptyLine] = []  # comments above a dropped statement
         for old, new in zip(originals, updated):
-            if old in self._dropped:
-                carried.extend(new.leading_lines)
-                continue
-            pieces = unwrap(new) if old in self._unwrapped else [new]
-            if carried:
-                pieces[0] = pieces[0].with_changes(leading_lines=[*carried, *pieces[0].leading_lines])
-                carried = []
-            result.extend(pieces)
+            result.extend(unwrap(new) if old in self._unwrapped else [new])
             if old is self._anchor:
                 result.append(binding_line(self._binding_name, self._get_device_name))
-        if not result or any(line.comment for line in carried):
-            result.append(cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried))
-        return result
+        return remove_statements(result, {new for old, new in zip(originals, updated) if old in self._removed})

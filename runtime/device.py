@@ -6,13 +6,19 @@ Apple silicon, else `cpu`. ACCELMIGRATE_DEVICE overrides it (e.g. `cpu`).
 When the device is a GPU it also becomes the current CUDA device, as
 `torch.cuda.set_device(local_rank)` would make it: code that still says
 plain "cuda" (NCCL, `torch.cuda.current_device()`, a library's default)
-lands on the same GPU as everything placed with `.to(device)`. That is why
-the `device` codemod can remove the script's own `torch.cuda.set_device`.
+lands on the same GPU as everything placed with `.to(device)`.
+`chosen_device()` answers the same choice without making it current.
+
+`device_at(index)` is what `.cuda(index)` means where CUDA is available
+(GPU `index`, or the current GPU for None), and the runtime's device
+elsewhere: a script that computes the GPU of each process (`mp.spawn`
+workers' `.cuda(rank)`) keeps its GPUs and runs on a CPU.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Optional, Union
 
 import torch
 
@@ -20,18 +26,35 @@ from . import env
 
 
 def get_device() -> torch.device:
-    forced = os.environ.get("ACCELMIGRATE_DEVICE", "").strip()
-    if forced:
-        device = torch.device(forced)
-    elif torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank() % max(1, torch.cuda.device_count()))
-    elif _mps_available():
-        device = torch.device("mps")
-    else:
-        device = torch.device("cpu")
+    device = chosen_device()
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     return device
+
+
+def chosen_device() -> torch.device:
+    """The device `get_device()` returns, with no side effect."""
+    forced = os.environ.get("ACCELMIGRATE_DEVICE", "").strip()
+    if forced:
+        return torch.device(forced)
+    if torch.cuda.is_available():
+        return torch.device("cuda", env.local_rank() % max(1, torch.cuda.device_count()))
+    if _mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def device_at(index: Optional[Union[int, str, torch.device]] = None) -> torch.device:
+    """GPU `index` (the current GPU when None, as `.cuda()` means) with CUDA;
+    otherwise the device `get_device()` chooses."""
+    chosen = chosen_device()
+    if chosen.type != "cuda":
+        return chosen
+    if index is None:
+        return torch.device("cuda")
+    if isinstance(index, int):
+        return torch.device("cuda", index)
+    return torch.device(index)
 
 
 def _mps_available() -> bool:

@@ -219,6 +219,34 @@ def test_get_device_is_the_cpu_without_a_gpu_and_can_be_forced(monkeypatch):
     assert get_device() == torch.device("meta")
 
 
+def test_default_backend_is_nccl_only_where_the_device_is_a_gpu_and_selects_nothing(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from accelmigrate.runtime.backend import default_backend
+
+    def no_selection(*args):
+        raise AssertionError("choosing a backend must leave the current GPU as the script set it")
+
+    monkeypatch.setattr(torch.cuda, "set_device", no_selection)
+    monkeypatch.delenv("ACCELMIGRATE_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_backend() == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert default_backend() == "nccl"
+    monkeypatch.setenv("ACCELMIGRATE_DEVICE", "cpu")
+    assert default_backend() == "gloo"
+
+
+def test_tensor_type_is_the_legacy_type_on_the_cpu_and_builds_on_any_other_device():
+    torch = pytest.importorskip("torch")
+    from accelmigrate.runtime.legacy import tensor_type
+
+    assert tensor_type(torch.float32, "cpu") is torch.FloatTensor
+    assert tensor_type(torch.int64, torch.device("cpu")) is torch.LongTensor
+    on_meta = tensor_type(torch.int64, "meta")([1, 2, 3])
+    assert (on_meta.device.type, on_meta.dtype, tuple(on_meta.shape)) == ("meta", torch.int64, (3,))
+
+
 # -- a GPU index known only at run time ---------------------------------------------------
 
 SPAWNED = '''import torch
@@ -234,24 +262,46 @@ if __name__ == "__main__":
 '''
 
 
+BOUND = "    device = device_at(rank)\n"
+
+
 @pytest.mark.parametrize(
-    "line",
+    "line, migrated",
     [
-        "model = torch.nn.Linear(2, 2).cuda(rank)",
-        "x = torch.zeros(2).to(f'cuda:{rank}')",
-        "x = torch.zeros(2).to('cuda:%d' % rank)",
-        "x = torch.zeros(2, device=torch.device('cuda', rank))",
-        "device = torch.device('cuda', rank)",
-        "models = [torch.nn.Linear(2, 2).cuda(i) for i in range(world_size)]",
-        "torch.cuda.set_device(rank)",
+        ("model = torch.nn.Linear(2, 2).cuda(rank)", BOUND + "    model = torch.nn.Linear(2, 2).to(device)"),
+        ("x = torch.zeros(2).to(f'cuda:{rank}')", BOUND + "    x = torch.zeros(2).to(device)"),
+        ("x = torch.zeros(2).to('cuda:%d' % rank)", BOUND + "    x = torch.zeros(2).to(device)"),
+        ("x = torch.zeros(2, device=torch.device('cuda', rank))", BOUND + "    x = torch.zeros(2, device=device)"),
+        ("device = torch.device('cuda', rank)", "    device = device_at(rank)"),  # the script's own binding
+        (  # a loop's index is not the function's: each placement names its own
+            "models = [torch.nn.Linear(2, 2).cuda(i) for i in range(world_size)]",
+            "    models = [torch.nn.Linear(2, 2).to(device_at(i)) for i in range(world_size)]",
+        ),
     ],
 )
-def test_a_computed_gpu_index_is_left_alone_with_a_finding(line):
+def test_a_computed_gpu_index_keeps_its_gpu_per_process_and_runs_without_cuda(line, migrated):
     source = SPAWNED.format(line=line)
     result = migrate_source(source, PLAN)
-    assert result.code == source  # every process keeps the GPU it names
-    assert [f.code for f in result.findings] == ["AM313"]
-    assert not result.findings[0].fixed
+    assert f"def run(rank, world_size):\n{migrated}\n" in result.code  # never collapsed onto one device
+    assert "from accelmigrate.runtime.device import device_at\n" in result.code
+    assert "get_device" not in result.code  # no module-level choice that a spawned worker would repeat
+    assert [(f.code, f.fixed) for f in result.findings] == [("AM313", True)]
+
+
+def test_device_at_is_the_named_gpu_with_cuda_and_the_runtime_device_without(monkeypatch):
+    import torch
+
+    from accelmigrate.runtime.device import device_at
+
+    monkeypatch.delenv("ACCELMIGRATE_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_at(1) == device_at() == torch.device("cpu") or device_at(1).type == "mps"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_at(1) == torch.device("cuda", 1)  # what `.cuda(1)` means
+    assert device_at() == torch.device("cuda")  # the current GPU, as `.cuda()` means
+    monkeypatch.setenv("ACCELMIGRATE_DEVICE", "cpu")
+    assert device_at(1) == torch.device("cpu")
 
 
 def test_a_passed_in_device_that_may_be_none_is_not_moved_with_to():
@@ -263,11 +313,14 @@ def test_a_passed_in_device_that_may_be_none_is_not_moved_with_to():
     assert "may be None" in result.findings[0].message
 
 
-def test_after_set_device_with_a_rank_plain_cuda_means_that_gpu_and_is_left_alone():
+def test_after_set_device_with_a_rank_plain_cuda_means_that_gpu():
     source = SPAWNED.format(line="torch.cuda.set_device(rank)\n    model = torch.nn.Linear(2, 2).cuda()\n    x = torch.zeros(2, device='cuda')")
     result = migrate_source(source, PLAN)
-    assert result.code == source
-    assert [f.code for f in result.findings] == ["AM313", "AM313", "AM313"]
+    assert (  # device_at() is torch.device("cuda") with CUDA: the current GPU when it is used
+        "    device = device_at()\n    if torch.cuda.is_available():\n        torch.cuda.set_device(rank)\n"
+        "    model = torch.nn.Linear(2, 2).to(device)\n    x = torch.zeros(2, device=device)\n"
+    ) in result.code
+    assert [(f.code, f.fixed) for f in result.findings] == [("AM307", True), ("AM301", True), ("AM302", True)]
 
 
 @pytest.mark.parametrize(

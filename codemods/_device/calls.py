@@ -11,7 +11,7 @@ from .._base import append_keyword_args, code_of, has_star_args, keyword_arg
 from .literals import (
     COMPUTED_ADVICE, COMPUTED_GPU, CUDA, DEFAULT_ADVICE, DEVICE_METHODS, EXPLICIT_GPU, LEGACY_TYPES, NEEDS_GPU,
     NEEDS_GPU_ADVICE, PASSED_IN_ADVICE, RUNTIME, SET_DEFAULT_DEVICE, SOME_DEVICE, STRING_DEVICE_ADVICE,
-    STRING_DEVICE_APIS, TORCH_DEVICE, TORCH_LOAD, cuda_literal, method_name, positional, string_verdict,
+    STRING_DEVICE_APIS, TORCH_DEVICE, TORCH_LOAD, cuda_literal, integer_value, method_name, positional, string_verdict,
 )
 from .syntax import cuda_arguments, legacy_to_cpu, mentions_cuda, to_call
 
@@ -41,6 +41,7 @@ class CallPlans:
         for call in reversed(self.facts.calls):  # inner calls first: `x.cuda().cuda()`
             if self._inside_map_location_lambda(call) or self._expects_error(call):
                 continue
+            self._plan_backend(call)
             if self._in_parameter_default(call):
                 self._report_in_default(call)
                 continue
@@ -62,7 +63,7 @@ class CallPlans:
                 if kind == EXPLICIT_GPU:
                     self.report(call, "AM310", self._explicit_reason())
                 elif kind == COMPUTED_GPU:
-                    self.report(call, "AM313", COMPUTED_ADVICE)
+                    self._plan_computed(call, f"`{code_of(call)}`")
 
     def _report_in_default(self, call: cst.Call) -> None:
         """A placement in a parameter default runs where the function is
@@ -90,8 +91,13 @@ class CallPlans:
             passed_in = self._is_parameter(index, defaulting_to_none=True) or (
                 self._is_parameter(index) and "dev" in code_of(index).lower()
             )
-            advice = PASSED_IN_ADVICE if passed_in else COMPUTED_ADVICE
-            self.report(call, "AM313", f"`.cuda({code_of(index)})`: {advice}")
+            placement = "" if passed_in else self._device_at(call, index)
+            if not placement:
+                advice = PASSED_IN_ADVICE if passed_in else COMPUTED_ADVICE
+                self.report(call, "AM313", f"`.cuda({code_of(index)})`: {advice}")
+            elif self.fix(call, "AM313", f"`.cuda({code_of(index)})` -> `.to({placement})`: the same GPU per process with CUDA, the runtime's device without"):
+                expression = self._use_placement(call, placement)
+                self._edits[call] = lambda updated: to_call(updated, expression)
             return
         placement = self._placement(call)
         if not placement:
@@ -123,7 +129,7 @@ class CallPlans:
         if not placement:
             self._report_unplaced(call, "`torch.device(\"cuda\")`", "no device name can be used here; replace it by hand")
             return
-        if self.fix(call, "AM302", f"`torch.device(\"cuda\")` -> `{placement}`"):
+        if self.fix(call, "AM302", f"`{code_of(call)}` -> `{placement}`"):
             expression = self._use_placement(call, placement)
             self._edits[call] = lambda updated: expression.with_changes(lpar=updated.lpar, rpar=updated.rpar)
 
@@ -156,7 +162,10 @@ class CallPlans:
                 self.report(arg.value, "AM310", self._explicit_reason())
                 continue
             if self._string_gpu(arg.value) == COMPUTED_GPU:
-                self.report(arg.value, "AM313", COMPUTED_ADVICE)
+                if self._takes_torch_device(call, arg):
+                    self._plan_computed(arg.value, f"`{code_of(arg.value)}`")
+                else:
+                    self.report(arg.value, "AM313", COMPUTED_ADVICE)
                 continue
             if not self._takes_torch_device(call, arg):
                 self.report(arg.value, "AM302", "\"cuda\" passed to a function that is not torch's: pass the runtime's device (get_device()) by hand if it takes a torch.device")
@@ -165,7 +174,7 @@ class CallPlans:
             if not placement:
                 self._report_unplaced(arg.value, "\"cuda\"", "no device name can be used here; replace it by hand")
                 continue
-            if self.fix(arg.value, "AM302", f"hard-coded \"cuda\" -> `{placement}`"):
+            if self.fix(arg.value, "AM302", f"hard-coded `{code_of(arg.value)}` -> `{placement}`"):
                 expression = self._use_placement(arg.value, placement)
                 self._edits[arg.value] = lambda updated, e=expression: e
 
@@ -174,7 +183,7 @@ class CallPlans:
         if self.is_call_to(call, TORCH_DEVICE) or call in self._definition_nodes:
             return  # torch.device(...) is handled whole
         for position, arg in enumerate(call.args):
-            if cuda_literal(arg.value) is None:
+            if cuda_literal(arg.value) is None and not self._is_torch_ordinal(call, arg):
                 continue
             if arg.keyword is not None and arg.keyword.value in ("device", "map_location"):
                 yield arg
@@ -182,6 +191,14 @@ class CallPlans:
                 method_name(call) == "to" or self.is_call_to(call, SET_DEFAULT_DEVICE)
             ):
                 yield arg
+
+    def _is_torch_ordinal(self, call: cst.Call, arg: cst.Arg) -> bool:
+        """A GPU ordinal given to torch as a device: `.to(0)`, `device=0`."""
+        if integer_value(arg.value) is None:
+            return False
+        if arg.keyword is None:
+            return method_name(call) == "to" or self.is_call_to(call, SET_DEFAULT_DEVICE)
+        return arg.keyword.value == "device" and self._takes_torch_device(call, arg)
 
     def _takes_torch_device(self, call: cst.Call, arg: cst.Arg) -> bool:
         if arg.keyword is not None and arg.keyword.value == "map_location":

@@ -1,6 +1,5 @@
 """Guards that the runtime's device makes useless (`if torch.cuda.is_available():`
-around device moves, `x.cuda() if use_cuda else x`), `torch.cuda.set_device`,
-and legacy CUDA tensor types used as values."""
+around device moves, `x.cuda() if use_cuda else x`), and `torch.cuda.set_device`."""
 
 from __future__ import annotations
 
@@ -9,11 +8,8 @@ from typing import Optional
 import libcst as cst
 
 from .._base import code_of
-from .literals import (
-    COMPUTED_GPU, CUDA_DEVICE_CONTEXT, LEGACY_TYPES, LEGACY_VALUE_ADVICE, RUNTIME, SET_DEVICE, SET_DEVICE_ADVICE,
-    SET_DEVICE_REMOVED,
-)
-from .syntax import has_no_side_effects
+from .literals import CUDA_DEVICE_CONTEXT, SET_DEVICE, SET_DEVICE_ADVICE, SET_DEVICE_GUARDED
+from .syntax import guarded_by
 
 
 class GuardPlans:
@@ -82,51 +78,32 @@ class GuardPlans:
     # torch.cuda.set_device.
 
     def _plan_set_device(self) -> None:
+        """`torch.cuda.set_device(i)` fails without CUDA: it runs only where CUDA
+        is available, so the GPU it selects (before NCCL starts, for a spawned
+        worker's rank) stays selected on a GPU."""
         for call in self.facts.calls:
             if call is self._gpu_choice and self.is_call_to(call, CUDA_DEVICE_CONTEXT):
                 self.report(call, "AM313", f"{code_of(call.func)}(...): {self._gpu_choice_reason()}")
-            if not self.is_call_to(call, SET_DEVICE) or self._expects_error(call):
+            if not self.is_call_to(call, SET_DEVICE) or self._expects_error(call) or self._under_cuda_check(call):
                 continue
             if call.args and self._is_explicit(call.args[0].value):
                 self.report(call, "AM310", f"torch.cuda.set_device({code_of(call.args[0].value)}): {self._explicit_reason()}")
                 continue
-            if call.args and self._index_kind(call.args[0].value, call) == COMPUTED_GPU or self._gpu_choice is not None:
-                shown = code_of(call.args[0].value) if call.args else ""
-                self.report(call, "AM313", f"torch.cuda.set_device({shown}): {self._gpu_choice_reason()}")
-                continue
             statement = self._statement_of_call(call)
-            runtime_chosen = self._uses_runtime or self._fallback_sites or any(d.device.kind == RUNTIME for d in self._definitions)
-            if statement is None or not runtime_chosen:
+            if statement is None:
                 self.report(call, "AM307", SET_DEVICE_ADVICE)
-                continue
-            if self.fix(call, "AM307", SET_DEVICE_REMOVED):
-                self._dropped.add(self._removable_guard_of(statement) or statement)
+            elif self.fix(call, "AM307", SET_DEVICE_GUARDED):
+                test = self._availability_check()
+                self._edits[statement] = lambda updated: guarded_by(updated, test)
 
     def _statement_of_call(self, call: cst.Call) -> Optional[cst.SimpleStatementLine]:
+        """The line that holds only `call`, in an indented block or at module level."""
         expression = self.parent(call)
         line = self.parent(expression) if isinstance(expression, cst.Expr) else None
         if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
             return line
         return None
 
-    def _removable_guard_of(self, line: cst.SimpleStatementLine) -> Optional[cst.If]:
-        """`if args.gpu is not None:` whose only statement is `line` goes with it."""
-        block = self.parent(line)
-        guard = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
-        if (
-            isinstance(guard, cst.If)
-            and guard.orelse is None
-            and len(block.body) == 1
-            and not any(empty.comment for empty in line.leading_lines)
-            and not block.footer
-            and block.header.comment is None
-            and has_no_side_effects(guard.test)
-            and isinstance(self.parent(guard), (cst.IndentedBlock, cst.Module))
-        ):
-            return guard
-        return None
-
-    def _report_legacy_references(self) -> None:
-        for node in self.facts.legacy_references:
-            if self.is_qualified(node, LEGACY_TYPES):
-                self.report(node, "AM308", LEGACY_VALUE_ADVICE)
+    def _availability_check(self) -> cst.BaseExpression:
+        """`torch.cuda.is_available()`, with the file's name for torch."""
+        return cst.parse_expression(f"{self._torch_name()}.cuda.is_available()")

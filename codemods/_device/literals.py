@@ -10,6 +10,7 @@ import libcst as cst
 
 RUNTIME_MODULE = "accelmigrate.runtime.device"
 GET_DEVICE = {f"{RUNTIME_MODULE}.get_device", "accelmigrate.runtime.get_device"}
+DEVICE_AT = f"{RUNTIME_MODULE}.device_at"
 TORCH_DEVICE = {"torch.device"}
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
 SET_DEVICE = {"torch.cuda.set_device"}
@@ -24,10 +25,17 @@ EXPECTS_ERROR_METHODS = {"assertRaises", "assertRaisesRegex", "assertRaisesRegex
 EXPECTS_ERROR_FUNCTIONS = {"pytest.raises"}
 IS_AVAILABLE = {"torch.cuda.is_available"}
 SET_DEFAULT_DEVICE = {"torch.set_default_device"}
-LEGACY_TYPES = {
-    f"torch.cuda.{kind}Tensor"
-    for kind in ("Float", "Double", "Half", "BFloat16", "Byte", "Char", "Short", "Int", "Long", "Bool")
+INIT_PROCESS_GROUP = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+BACKEND_MODULE = "accelmigrate.runtime.backend"
+DEFAULT_BACKEND = f"{BACKEND_MODULE}.default_backend"
+LEGACY_MODULE = "accelmigrate.runtime.legacy"
+TENSOR_TYPE = f"{LEGACY_MODULE}.tensor_type"
+# Legacy tensor type names and the dtype each one holds.
+LEGACY_DTYPES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Byte": "uint8",
+    "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64", "Bool": "bool",
 }
+LEGACY_TYPES = {f"torch.cuda.{kind}Tensor" for kind in LEGACY_DTYPES}
 # torch.cuda functions that raise without a GPU (CPU builds assert on them).
 NEEDS_GPU = {
     f"torch.cuda.{name}"
@@ -93,12 +101,12 @@ LEGACY_VALUE_ADVICE = (
     "device=device)`) or `.to(device)`; `x.type(torch.cuda.FloatTensor)` -> `x.to(device, torch.float32)`"
 )
 SET_DEVICE_ADVICE = (
-    "torch.cuda.set_device(...): remove it once `device = get_device()` chooses the GPU (it sets the current "
-    "device to cuda:<local rank>); select GPUs with CUDA_VISIBLE_DEVICES"
+    "torch.cuda.set_device(...) fails without CUDA: run it only under `if torch.cuda.is_available():` "
+    "(keep it: NCCL and plain \"cuda\" use the GPU it selects)"
 )
-SET_DEVICE_REMOVED = (
-    "torch.cuda.set_device(...) removed: get_device() sets the current device to cuda:<local rank>; "
-    "select GPUs with CUDA_VISIBLE_DEVICES"
+SET_DEVICE_GUARDED = (
+    "torch.cuda.set_device(...) runs only under `if torch.cuda.is_available():`: on a GPU it still selects "
+    "the process's GPU before NCCL starts"
 )
 
 # -- reading literals ---------------------------------------------------------------------

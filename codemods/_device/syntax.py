@@ -109,19 +109,10 @@ def mentions_cuda(test: cst.CSTNode) -> bool:
     return False
 
 
-def has_no_side_effects(test: cst.CSTNode) -> bool:
-    """Names, attributes, constants, comparisons and boolean operators only."""
-    if isinstance(test, (cst.Name, cst.Integer, cst.SimpleString)):
-        return True
-    if isinstance(test, cst.Attribute):
-        return has_no_side_effects(test.value)
-    if isinstance(test, cst.Comparison):
-        return has_no_side_effects(test.left) and all(has_no_side_effects(c.comparator) for c in test.comparisons)
-    if isinstance(test, cst.BooleanOperation):
-        return has_no_side_effects(test.left) and has_no_side_effects(test.right)
-    if isinstance(test, cst.UnaryOperation):
-        return has_no_side_effects(test.expression)
-    return False
+def guarded_by(line: cst.SimpleStatementLine, test: cst.BaseExpression) -> cst.If:
+    """`if test:` around `line`, which keeps its comments above the `if`."""
+    body = cst.IndentedBlock(body=[line.with_changes(leading_lines=[])])
+    return cst.If(test=test, body=body, leading_lines=line.leading_lines)
 
 
 def first_param(function: cst.FunctionDef) -> Optional[str]:

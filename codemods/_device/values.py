@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from .._base import code_of, has_star_args, keyword_arg
+from .._base import code_of, has_star_args, is_name, keyword_arg
 from .literals import (
     ANY_GPU, COMPUTED_ADVICE, COMPUTED_GPU, CPU, CUDA, CUDA_DEVICE_CONTEXT, ENVIRON, ENVIRON_GETTERS, EXPLICIT_GPU,
     GET_DEVICE, IS_AVAILABLE, LIBRARY_DEFINITION_ADVICE, LOCAL_RANK_FLAGS, LOCAL_RANK_FUNCTIONS, OTHER_GPU, RUNTIME,
@@ -27,7 +27,7 @@ class DeviceValues:
         """`.cuda(1)`, `torch.device("cuda", 1)`, `set_device(1)`, `"cuda:1"`."""
         if any(cuda_literal(arg.value) == OTHER_GPU for arg in call.args):
             return True
-        indexed = method_name(call) == "cuda" or self.is_call_to(call, TORCH_DEVICE | SET_DEVICE)
+        indexed = method_name(call) in ("cuda", "to") or self.is_call_to(call, TORCH_DEVICE | SET_DEVICE)
         return indexed and any(integer_value(arg.value) not in (None, 0) for arg in call.args)
 
     def _is_explicit(self, node: cst.CSTNode) -> bool:
@@ -173,7 +173,7 @@ class DeviceValues:
     def _read_definitions(self) -> list[Definition]:
         definitions = []
         for target, statement in self.facts.assignments:
-            value = statement.value
+            value = self._defined_device(statement.value)
             device = self._device_value(value)
             if device is not None:
                 typed = not device.is_string
@@ -185,6 +185,15 @@ class DeviceValues:
                 definition.usable = False
                 definition.cpu_branch = True  # usable only in an if/else, see _device_target_of
         return definitions
+
+    def _defined_device(self, value: cst.BaseExpression) -> cst.BaseExpression:
+        """The device that `value` defines: in `device or torch.device(...)`, the
+        fallback (the passed-in device stays the caller's)."""
+        if isinstance(value, cst.BooleanOperation) and isinstance(value.operator, cst.Or):
+            fallback = self._device_value(value.right)
+            if fallback is not None and fallback.kind in (CUDA, "choice"):
+                return value.right
+        return value
 
     def _device_value(self, node: Optional[cst.BaseExpression]) -> Optional[DeviceValue]:
         """What `node` is as a device, or None when it is not one we know."""
@@ -211,6 +220,8 @@ class DeviceValues:
         index_arg = args[1] if len(args) > 1 else keyword_arg(call, "index")
         if kind_arg is None or has_star_args(call):
             return DeviceValue(SOME_DEVICE)
+        if integer_value(kind_arg.value) is not None and index_arg is None:  # torch.device(0): an ordinal
+            return DeviceValue(EXPLICIT_GPU if self._is_explicit(kind_arg.value) else CUDA)
         inner = self._device_value(kind_arg.value)
         if inner is None or not inner.is_string and inner.kind != "choice":
             return DeviceValue(SOME_DEVICE)
@@ -247,7 +258,7 @@ class DeviceValues:
                 definition.usable = False
                 self.report(definition.value, "AM310", self._explicit_reason() + "; use get_device() if one GPU per process is meant")
             elif device.kind == COMPUTED_GPU:
-                self.report(definition.value, "AM313", COMPUTED_ADVICE)
+                self._plan_computed_definition(definition)
             elif device.kind == CUDA or device.kind == "choice":
                 self._plan_definition(definition)
 
@@ -260,7 +271,7 @@ class DeviceValues:
             if verdict != "rewrite":
                 return
         if self._gpu_choice is not None:
-            self.report(definition.value, "AM313", f"CUDA device definition: {self._gpu_choice_reason()}")
+            self._plan_definition_after_gpu_choice(definition)
             return
         if not self._chooses_device(definition.value):
             advice = SELF_TEST_DEFINITION_ADVICE if self._role == SELF_TEST else LIBRARY_DEFINITION_ADVICE
@@ -279,6 +290,20 @@ class DeviceValues:
         else:
             self._edits[definition.value] = lambda updated: self._get_device_call()
 
+    def _plan_definition_after_gpu_choice(self, definition: Definition) -> None:
+        """In a file that selects its GPU, "cuda" means that GPU: a choice on
+        CUDA's availability already runs anywhere; plain "cuda" becomes
+        `device_at()`, the current GPU with CUDA."""
+        device = definition.device
+        if device.kind == "choice" and self._is_availability(device.test, device.cuda_first):
+            return
+        placement = self._device_at(definition.value, None) if device.kind == CUDA else ""
+        if not placement:
+            self.report(definition.value, "AM313", f"CUDA device definition: {self._gpu_choice_reason()}")
+        elif self.fix(definition.value, "AM303", f"CUDA device definition -> `{placement}`: the GPU this file selects, the runtime's device without CUDA"):
+            expression = self._use_placement(definition.value, placement)
+            self._edits[definition.value] = lambda updated: expression.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+
     def _flag_choice(self, updated: cst.BaseExpression, device: DeviceValue) -> cst.BaseExpression:
         """`torch.device("cuda" if flag else "cpu")` -> `get_device() if flag else torch.device("cpu")`."""
         choice = updated.args[0].value if isinstance(updated, cst.Call) else updated
@@ -288,11 +313,14 @@ class DeviceValues:
         return choice.with_changes(body=cpu, orelse=self._get_device_call(), lpar=updated.lpar, rpar=updated.rpar)
 
     def _cpu_device(self) -> cst.BaseExpression:
-        torch_name = self.facts.torch_alias
-        if torch_name is None:
+        return cst.parse_expression(f'{self._torch_name()}.device("cpu")')
+
+    def _torch_name(self) -> str:
+        """The file's name for `import torch` (imported when there is none)."""
+        if self.facts.torch_alias is None:
             self.add_import("torch")
-            torch_name = "torch"
-        return cst.parse_expression(f'{torch_name}.device("cpu")')
+            return "torch"
+        return self.facts.torch_alias
 
     def _is_availability(self, test: Optional[cst.BaseExpression], positive: bool = True) -> bool:
         """Is `test` `torch.cuda.is_available()` (or `not` it when not `positive`),
@@ -306,6 +334,8 @@ class DeviceValues:
         if isinstance(test, cst.Name):
             values = self._assigned_values(test)
             return bool(values) and all(self._is_availability(v) for v in values)
+        if isinstance(test, cst.IfExp):  # `True if torch.cuda.is_available() else False`
+            return is_name(test.body, "True") and is_name(test.orelse, "False") and self._is_availability(test.test)
         return False
 
 

@@ -1,6 +1,6 @@
 """What the `device` codemod reads from a script beyond the shared model:
-single-target assignments by target, the `if` statements and defaulted
-parameters, names that may be legacy CUDA tensor types, the alias of
+single-target assignments by target, the `if` and `try` statements and
+defaulted parameters, names that may be legacy CUDA tensor types, the alias of
 `import torch`, whether the module declares `__all__`, and which functions
 the entry point runs.
 
@@ -48,9 +48,12 @@ class DeviceFacts:
         self.ifs: list[cst.If] = []
         self.parameters: list[cst.Param] = []  # with a default
         self.legacy_references: list[cst.CSTNode] = []  # `*Tensor` names and attributes not called
+        self.tries: list[cst.Try] = []
         for node in order:
             if isinstance(node, cst.If):
                 self.ifs.append(node)
+            elif isinstance(node, cst.Try):
+                self.tries.append(node)
             elif isinstance(node, cst.Param) and node.default is not None:
                 self.parameters.append(node)
             elif isinstance(node, (cst.Name, cst.Attribute)) and self._is_tensor_type_reference(node):
