@@ -28,10 +28,23 @@ def no_sync_unless(sync: bool, *models: torch.nn.Module) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if not sync:
             for model in models:
-                no_sync = getattr(model, "no_sync", None)
+                no_sync = getattr(model, "no_sync", None)  # DistributedDataParallel
                 if callable(no_sync):
                     stack.enter_context(no_sync())
+                elif callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's sharded modules
+                    stack.enter_context(_gradient_sync_off(model))
         yield
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(model: torch.nn.Module) -> Iterator[None]:
+    """FSDP2 keeps the unsharded gradients and skips their reduce-scatter
+    until a micro-batch that syncs again."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -59,6 +59,11 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)])
         self.head = nn.Linear(4, 1)
 
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
 
 # -- the runtime in a world of one ------------------------------------------------
 
@@ -278,3 +283,64 @@ def test_full_state_dict_of_a_compiled_sharded_model_has_the_bare_keys(tmp_path)
     for _ in range(2):  # sharded then compiled, compiled then sharded (and loaded)
         same, keys = results.get(timeout=5)
         assert same, keys
+
+
+def _accumulate_sharded(rank: int, init_file: str, results) -> None:
+    """Two micro-batches per step with gradient sync only on the second, as
+    `accumulate` migrates a loop, on this rank's half of each micro-batch."""
+    import torch.distributed as dist
+
+    from accelmigrate.runtime.batch import no_sync_unless
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = sharding.shard_model(Stack())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        inputs, targets = _accumulation_batches()
+        for micro, (x, y) in enumerate(zip(inputs, targets)):
+            with no_sync_unless(micro % 2 == 1, model):
+                loss = torch.nn.functional.mse_loss(model(x[rank::2]), y[rank::2]) / 2
+                loss.backward()
+            if micro % 2 == 1:
+                optimizer.step()
+                optimizer.zero_grad()
+        state = sharding.full_state_dict(model)
+        if rank == 0:
+            results.put({k: v.clone() for k, v in state.items()})
+    finally:
+        dist.destroy_process_group()
+
+
+def _accumulation_batches():
+    generator = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(8, 4, generator=generator) for _ in range(4)]
+    return inputs, [x.sum(1, keepdim=True) for x in inputs]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _fsdp2_on_cpu(), reason="this torch cannot run FSDP2 (fully_shard) on CPU with gloo")
+def test_accumulation_on_sharded_models_syncs_once_per_step_and_matches_one_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    torch.manual_seed(0)
+    model = Stack()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, targets = _accumulation_batches()
+    for micro, (x, y) in enumerate(zip(inputs, targets)):
+        (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        if micro % 2 == 1:
+            optimizer.step()
+            optimizer.zero_grad()
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_accumulate_sharded, args=(rank, str(tmp_path / "init"), results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    sharded = results.get(timeout=180)
+    for process in processes:
+        process.join(60)
+    assert [p.exitcode for p in processes] == [0, 0]
+    for key, value in model.state_dict().items():
+        assert torch.allclose(sharded[key], value, atol=1e-6), key
