@@ -4,8 +4,10 @@ What it does
     Finds a loss: a tensor that `.backward()` is called on (also through
     `scaler.scale(loss)`, `(loss / n)`, `torch.autograd.backward(...)`,
     `self.manual_backward(loss)`), the tensors it is computed from by arithmetic
-    (`loss_sum = loss1 + loss2`) and the values computed from it
-    (`total_loss = loss * w`). Where a loop stores one in something that
+    (`loss_sum = loss1 + loss2`), the values computed from it
+    (`total_loss = loss * w`), and the call of a function of this file that
+    always returns one (`train_step(model, batch)` or `self.train_step(batch)`
+    ending in `return loss`). Where a loop stores one in something that
     outlives the iteration (`losses.append(loss)`, `total += loss`,
     `running = running + loss`, `history[k] = loss`, `self.losses.append(loss)`,
     a global), it stores `loss.item()` when every later use of that
@@ -16,6 +18,11 @@ What it does
     one number. Later uses are followed through assignments, loops,
     comprehensions, containers, the callers of a function that returns the
     accumulator, and the methods of the class for `self.` attributes.
+
+    A loss stored inside a record made for logging (`record = {"loss": loss}`,
+    then `history.append(record)`) is detached in that literal, where every
+    use of the record reads it as a number or tensor; `losses.append(
+    train_step(...))` gets `.item()` (or `.detach()`) on the call.
 
 Why
     A loss references the whole graph of the forward pass that produced it.
@@ -58,7 +65,9 @@ Left alone
     followed (the accumulator is an argument, an attribute of another object,
     passed to an unknown function, returned to no caller in the file, a
     `self.` attribute never read in the file, or a meter's `update(loss, n)`)
-    it reports AM203 and changes nothing.
+    it reports AM203 and changes nothing; so does a loss inside a value that
+    cannot be detached as a whole (a tuple a function returns, a function
+    that returns None on some path, a record assigned in two branches).
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ import libcst as cst
 
 from ._base import Codemod, code_of
 from ._item.analysis import Analysis
-from ._item.syntax import Expression, Need, Store, Verdict
+from ._item.syntax import Expression, Need, Store, Verdict, first_line
 from .script.item_facts import item_facts
 
 
@@ -75,9 +84,12 @@ class Item(Codemod):
     word = "item"
     summary = "store loss.item() / loss.detach(), not the loss and its graph, across iterations"
     codes = {
-        "AM201": "a loss kept across iterations with its graph, later read as a number: stored with .item()",
-        "AM202": "a loss kept across iterations with its graph, later used as a tensor: stored with .detach()",
-        "AM203": "a loss kept across iterations with its graph, whose later use cannot be followed: detach it by hand",
+        "AM201": "loss kept across iterations with its autograd graph, later read only as a number: store .item()",
+        "AM202": "loss kept across iterations with its autograd graph, later used as a tensor: store .detach()",
+        "AM203": (
+            "loss kept across iterations with its autograd graph, whose later use cannot be followed: "
+            "detach it by hand"
+        ),
     }
     triggers = ("backward",)
 
@@ -105,6 +117,8 @@ class Item(Codemod):
 
     def _settle(self, analysis: Analysis, accumulator: tuple, stores: list[Store]) -> None:
         verdict = analysis.later_uses(accumulator, stores)
+        for target in {id(t): t for store in stores for t in store.carried}.values():
+            verdict |= analysis.follow_binding(target)  # the container's other uses see the rewrite too
         if verdict.need is Need.GRAPH:
             return  # collected to be backpropagated: the graph is the point
         all_scalar = all(scalar for store in stores for _, scalar in store.atoms)
@@ -112,13 +126,10 @@ class Item(Codemod):
         for store in stores:
             if store.is_update:
                 self._report_update(store)
-            elif store.opaque or verdict.need is Need.UNKNOWN:
-                why = (
-                    verdict.why
-                    if verdict.need is Need.UNKNOWN
-                    else "the loss reaches it through an expression not rewritten"
-                )
-                self._report_unknown(store, why)
+            elif store.opaque:
+                self._report_inside(store)
+            elif verdict.need is Need.UNKNOWN:
+                self._report_unknown(store, verdict.why)
             else:
                 self._rewrite(store, method, verdict)
 
@@ -143,6 +154,19 @@ class Item(Codemod):
             "AM203",
             f"{meter}.update() gets {loss} with its autograd graph, and what {meter} keeps cannot be seen: "
             f"pass {loss}.item() (or {loss}.detach()) if it keeps the value across iterations",
+        )
+
+    def _report_inside(self, store: Store) -> None:
+        """A loss inside what is stored (a tuple a function returns, a value
+        on one of its paths), where appending `.item()` is no fix."""
+        value = first_line(store.values[0]) if store.values else "the stored value"
+        where = code_of(_holder_of(store.target))
+        self.report(
+            store.node,
+            "AM203",
+            f"{where} keeps a loss with its autograd graph inside `{value}`, which cannot be detached here as a "
+            "whole: detach the loss where that value is made (`loss.item()`, or `loss.detach()` where it is used "
+            "as a tensor), unless it is backpropagated later",
         )
 
     def _report_unknown(self, store: Store, why: str) -> None:

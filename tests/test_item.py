@@ -109,7 +109,10 @@ RUNNABLE = {
     "amp_and_aliases": ["scaled_losses", "accumulated", "paired"],
     "global_step_function": ["running", "history"],
     "nonscalar_gradient": ["per_sample"],
+    "logged_records": ["records", "pairs"],
 }
+# Fixture cases whose migrated script must print exactly what the original prints.
+SAME_OUTPUT = ("returned_loss", "logged_records")
 
 
 def run_driver(tmp_path, scripts: dict) -> dict:
@@ -349,3 +352,116 @@ def test_accumulation_written_as_a_reassignment_in_a_method():
         """)
     assert "self.running = self.running + loss.item()" in result.code
     assert codes(result) == ["10:13 AM201"]
+
+
+@pytest.mark.slow
+def test_detached_returns_and_records_print_the_same_numbers(tmp_path):
+    folder = FIXTURES / "item"
+    pairs = [(str(folder / f"{case}.py"), str(folder / f"{case}.expected.py")) for case in SAME_OUTPUT]
+    report = run_driver(tmp_path, {path: [] for pair in pairs for path in pair})
+    for original, migrated in pairs:
+        before, after = report[original], report[migrated]
+        assert "error" not in before and "error" not in after, (before, after)
+        assert before["output"] and after["output"] == before["output"]
+
+
+# -- losses returned by a function, losses in a record -----------------------------------
+
+
+def test_a_loss_returned_by_a_step_function_is_detached_at_the_call():
+    result = migrate("""
+        import torch
+
+        def train_step(model, optimizer, x):
+            optimizer.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        def main(model, optimizer, batches):
+            losses = []
+            for x in batches:
+                losses.append(train_step(model, optimizer, x))
+            print(sum(losses) / len(losses))
+    """)
+    assert "losses.append(train_step(model, optimizer, x).item())" in result.code
+    assert codes(result) == ["14:9 AM201"]
+
+
+def test_a_function_that_may_return_none_is_not_detached_at_the_call():
+    result = migrate("""
+        def train_step(model, optimizer, x):
+            if x is None:
+                return None
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+
+        def main(model, optimizer, batches):
+            losses = []
+            for x in batches:
+                losses.append(train_step(model, optimizer, x))
+            print(len(losses))
+    """)
+    assert ".item()" not in result.code and ".detach()" not in result.code
+    assert [f.code for f in result.findings] == ["AM203"]
+
+
+def test_a_record_of_losses_is_detached_inside_its_literal():
+    """`record = {"loss": loss}` holds a loss; `record.detach()` would fail on a dict."""
+    result = migrate("""
+        def train(model, optimizer, batches):
+            history = []
+            for step, x in enumerate(batches):
+                loss = model(x).mean()
+                loss.backward()
+                optimizer.step()
+                record = {"step": step, "loss": loss}
+                history.append(record)
+            print([r["loss"] for r in history])
+    """)
+    assert 'record = {"step": step, "loss": loss.item()}' in result.code
+    assert "record.detach()" not in result.code and "record.item()" not in result.code
+    assert codes(result) == ["9:9 AM201"]
+
+
+def test_a_loss_unpacked_from_a_returned_tuple_is_detached():
+    result = migrate("""
+        def train_step(model, optimizer, x, y):
+            output = model(x)
+            loss = (output - y).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            return loss, output.argmax(1)
+
+        def main(model, optimizer, loader):
+            total = 0.0
+            for x, y in loader:
+                loss, predicted = train_step(model, optimizer, x, y)
+                total += loss
+            print(total / len(loader))
+    """)
+    assert "total += loss.item()" in result.code
+    assert codes(result) == ["13:9 AM201"]
+
+
+def test_a_method_a_subclass_overrides_is_not_trusted_to_return_a_loss():
+    result = migrate("""
+        class Trainer:
+            def step(self, x):
+                loss = self.model(x).mean()
+                loss.backward()
+                return loss
+
+            def fit(self, batches):
+                history = []
+                for x in batches:
+                    history.append(self.step(x))
+                print(sum(history))
+
+        class Probe(Trainer):
+            def step(self, x):
+                return 0.0
+    """)
+    assert ".item()" not in result.code

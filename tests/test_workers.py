@@ -495,3 +495,135 @@ def test_torch_imported_only_under_a_condition_is_imported_again():
             main()
     """)
     assert "\nimport torch\n" in migration.code and "pin_memory=torch.cuda.is_available()" in migration.code
+
+
+# -- silenced notes --------------------------------------------------------------------
+
+
+def test_the_in_memory_note_is_a_note():
+    assert Workers.notes == {"AM107"}
+    assert "AM108" in Workers.codes and "AM108" not in Workers.notes  # a GPU dataset needs action
+
+
+def test_a_silenced_note_keeps_the_loader_without_workers():
+    """`skip[AM107]` hides the note; it does not turn workers on."""
+    migration = migrate("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def main():
+            return DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=4)  # accelmigrate: skip[AM107]
+
+        if __name__ == "__main__":
+            main()
+    """)
+    assert migration.findings == []
+    assert "num_workers" not in migration.code
+
+
+# -- loader arguments in a dict ------------------------------------------------------------
+
+
+def test_a_key_the_call_gives_is_not_added_to_its_dict():
+    """`DataLoader(data, pin_memory=False, **options)`: pin_memory in `options`
+    too would raise "got multiple values for keyword argument"."""
+    migration = migrate("""
+        from torch.utils.data import DataLoader
+
+        def main(dataset):
+            options = {"batch_size": 8}
+            return DataLoader(dataset, pin_memory=False, **options)
+
+        if __name__ == "__main__":
+            main([])
+    """)
+    assert 'options = {"batch_size": 8, "num_workers": default_num_workers()}' in migration.code
+    assert codes(migration) == [("AM101", True)]
+
+
+def test_a_call_with_num_workers_keeps_a_shared_dict_unchanged():
+    migration = migrate("""
+        from torch.utils.data import DataLoader
+
+        def main(train_set, test_set):
+            options = {"batch_size": 8}
+            return DataLoader(train_set, **options), DataLoader(test_set, num_workers=0, **options)
+
+        if __name__ == "__main__":
+            main([], [])
+    """)
+    assert "num_workers=default" not in migration.code and '"num_workers"' not in migration.code
+    assert [f.code for f in migration.findings] == ["AM102", "AM102"]
+    assert "sets num_workers itself" in migration.findings[0].message
+
+
+MNIST_SHAPED = """
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+
+class Points(Dataset):
+    def __init__(self, count, seed):
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(count, 6, generator=generator)
+        self.y = (self.x.sum(1) > 0).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, index):
+        return self.x[index], self.y[index]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cuda", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(1)
+    train_kwargs = {"batch_size": 16, "shuffle": True}
+    test_kwargs = {"batch_size": 64}
+    if args.cuda:
+        cuda_kwargs = {"num_workers": 1, "pin_memory": True}
+        train_kwargs.update(cuda_kwargs)
+        test_kwargs.update(cuda_kwargs)
+    train_loader = DataLoader(Points(256, 0), **train_kwargs)
+    test_loader = DataLoader(Points(128, 1), **test_kwargs)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        model.train()
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            test_loss = sum(F.cross_entropy(model(x), y, reduction="sum").item() for x, y in test_loader)
+        print(f"epoch {epoch} train {loss.item():.6f} test {test_loss:.6f}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_with_its_loader_settings_in_dicts_gets_workers_and_the_same_numbers(tmp_path):
+    """The MNIST example's shape: both dicts get the settings, the CUDA update
+    still wins, and the seeded run prints exactly the same losses."""
+    script = tmp_path / "mnist_shaped.py"
+    script.write_text(MNIST_SHAPED)
+    migrated = migrate_script(script, out_folder(tmp_path))
+    code = migrated.read_text()
+    assert code.count('"num_workers": default_num_workers()') == 2
+    assert code.count('"pin_memory": torch.cuda.is_available()') == 2
+    original_run = run_python(script)
+    migrated_run = run_python(migrated)
+    assert original_run.returncode == 0, original_run.stderr
+    assert migrated_run.returncode == 0, migrated_run.stderr
+    assert lines_starting(original_run.stdout, "epoch 1 ")
+    assert migrated_run.stdout == original_run.stdout

@@ -24,12 +24,14 @@ class Analysis(Losses, Stores, Uses):
         self.nodes = nodes
         self.losses: dict[tuple, bool] = {}  # (scope, name) -> known to be 0-d
         self.containers: set[tuple] = set()  # lists whose elements are stacked and backpropagated
+        self.carriers: set[tuple] = set()  # (scope, name) assigned a literal that holds a loss
         self._definitions: dict[int, list[cst.CSTNode]] = {}  # id(Name) -> what reaches it
         self._loss_definitions: set[int] = set()  # ids of binding targets that give a loss
         self._pending: list[tuple[cst.Name, bool]] = []  # loss reads whose sources are still to find
         self._traced: set[int] = set()
         self._doubtful: list[tuple[cst.Name, bool]] = []  # operands not (yet) known to be tensors
         self._following: set = set()  # what is being followed now, against cycles
+        self._returning: set = set()  # the returns being read now, against recursion
         self._find_losses()
 
 

@@ -10,6 +10,9 @@ from typing import Iterable, Iterator, Optional, Union
 import libcst as cst
 
 from .._base import walk
+
+# Literals whose items carry their values unchanged.
+CONTAINERS = (cst.Dict, cst.List, cst.Tuple, cst.Set)
 from .syntax import (
     SAME_VALUE_METHODS,
     REDUCTIONS,
@@ -127,6 +130,9 @@ class Losses:
 
     def _derive(self, target: cst.CSTNode, value: Expression, statement: cst.CSTNode) -> None:
         """A value computed from a loss by arithmetic is a loss (`total_loss = loss * w`)."""
+        if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, cst.Call):
+            self._derive_unpacked(target, value)
+            return
         if (
             not isinstance(target, cst.Name)
             or isinstance(statement, cst.AugAssign)
@@ -137,7 +143,9 @@ class Losses:
         if key is None or any(self.key(n) == key for n in names_in(value)):
             return  # `running = running + loss` accumulates: that is a store
         atoms, _ = self.loss_atoms(value)
-        if atoms:
+        if atoms and isinstance(value, CONTAINERS):
+            self.carriers.add(key)  # `log = {"loss": loss}`: a container that holds a loss, not a loss
+        elif atoms:
             self._loss_definitions.add(id(target))
             self._add_loss(
                 key, all(scalar for _, scalar in atoms) and only_atoms_and_numbers(value, {a for a, _ in atoms})
@@ -252,18 +260,26 @@ class Losses:
     # -- 2. loss expressions in a stored value -----------------------------------------
 
     def loss_atoms(
-        self, value: Expression, exclude: frozenset = frozenset()
+        self, value: Expression, exclude: frozenset = frozenset(), carried: Optional[list] = None
     ) -> tuple[list[tuple[Expression, bool]], bool]:
         """The loss expressions a stored value is made of, each with whether it is
         known to be 0-d, and whether a loss also reaches the value some other way.
-        `exclude`: ids of nodes that are not to count (the accumulator itself)."""
+        `exclude`: ids of nodes that are not to count (the accumulator itself).
+        A container variable (`log` after `log = {"loss": loss}`) is made of the
+        losses in its literal; `carried` collects the targets of those literals."""
         atoms: list[tuple[Expression, bool]] = []
-        opaque = self._scan(value, atoms, exclude)
+        opaque = self._scan(value, atoms, exclude, carried if carried is not None else [])
         return atoms, opaque
 
-    def _scan(self, value: Expression, atoms: list, exclude: frozenset) -> bool:
+    def _scan(self, value: Expression, atoms: list, exclude: frozenset, carried: list) -> bool:
         if is_detaching(value) or id(value) in exclude:
             return False
+        if isinstance(value, cst.Name) and self.key(value) in self.carriers and self.key(value) not in self.losses:
+            literal = self._carried_literal(value)
+            if literal is None:
+                return True  # which literal it holds here cannot be seen
+            carried.append(literal[1])
+            return self._scan(literal[0], atoms, exclude, carried)
         atom = self._atom(value, exclude)
         if atom is not None:
             if atom == "ambiguous":
@@ -272,7 +288,7 @@ class Losses:
             return False
         parts = arithmetic_parts(value)
         if parts is not None:
-            return any([self._scan(part, atoms, exclude) for part in parts])
+            return any([self._scan(part, atoms, exclude, carried) for part in parts])
         return self._reaches_loss(value, exclude)
 
     def _atom(self, value: Expression, exclude: frozenset = frozenset()) -> Union[bool, str, None]:
@@ -288,6 +304,10 @@ class Losses:
             if state == "loss":
                 return self.losses[key]
             return None if state == "not a loss" else "ambiguous"
+        if isinstance(value, cst.Call):
+            returned = self._returned_loss(value)
+            if returned is not None:
+                return returned
         if isinstance(value, cst.Call) and self.method(value) is not None:
             inner = self._atom(value.func.value, exclude)
             if inner is None or inner == "ambiguous":
@@ -296,6 +316,106 @@ class Losses:
                 return True
             if value.func.attr.value in SAME_VALUE_METHODS:
                 return inner
+        return None
+
+    def _carried_literal(self, name: cst.Name) -> Optional[tuple[Expression, cst.CSTNode]]:
+        """(literal, target) of the one container literal that reaches this
+        read of a container variable."""
+        definitions = self.definitions(name)
+        if len(definitions) != 1:
+            return None
+        value, _ = self.bound_value(definitions[0])
+        return (value, definitions[0]) if isinstance(value, CONTAINERS) else None
+
+    def _returned_loss(self, call: cst.Call) -> Union[bool, str, None]:
+        """For a call of a function of this file that always returns a loss
+        (`train_step(model, batch)`, `self.train_step(batch)`): whether that
+        loss is known to be 0-d, or "ambiguous"; None otherwise."""
+        returned = self._always_returned(call)
+        return self._common_kind(returned) if returned is not None else None
+
+    def _always_returned(self, call: cst.Call, width: Optional[int] = None) -> Optional[list]:
+        """What a function of this file that the call runs returns, one value
+        per `return`, when every path ends in a `return` of a value (of a tuple
+        of `width` items, with `width`); None otherwise."""
+        function = self._called_function(call)
+        if function is None or function.decorators:
+            return None
+        body = list(walk(function.body, into_definitions=False))
+        returns = [node.value for node in body if isinstance(node, cst.Return)]
+        if not returns or not _ends_in_return(function) or any(isinstance(n, (cst.Yield, cst.Await)) for n in body):
+            return None
+        if width is not None and not all(_is_tuple_of(value, width) for value in returns):
+            return None
+        return returns
+
+    def _common_kind(self, values: list) -> Union[bool, str, None]:
+        """Whether every value is a loss: all known 0-d, "ambiguous", or None
+        (some value is not a loss)."""
+        if any(value is None for value in values):
+            return None
+        key = tuple(id(value) for value in values)
+        if key in self._returning:
+            return None
+        self._returning.add(key)
+        try:
+            kinds = [self._atom(value) for value in values]
+        finally:
+            self._returning.discard(key)
+        if any(kind is None for kind in kinds):
+            return None
+        return "ambiguous" if "ambiguous" in kinds else all(kinds)
+
+    def _derive_unpacked(self, target: cst.CSTNode, value: cst.Call) -> None:
+        """`loss, accuracy = train_step(...)` where every return of the
+        function is a tuple with a loss in that place: the name is a loss."""
+        elements = target.elements
+        returned = self._always_returned(value, width=len(elements))
+        if returned is None:
+            return
+        for index, element in enumerate(elements):
+            name = element.value
+            if not isinstance(name, cst.Name) or id(name) in self._loss_definitions:
+                continue
+            kind = self._common_kind([tuple_value.elements[index].value for tuple_value in returned])
+            if kind is not None and kind != "ambiguous":
+                self._loss_definitions.add(id(name))
+                self._add_loss(self.key(name), kind)
+
+    def _returns_a_loss_somewhere(self, call: cst.Call) -> bool:
+        """Does a function of this file that the call runs return a loss in
+        some value (`return loss, prediction`, `return None` on another path)?"""
+        function = self._called_function(call)
+        if function is None or ("reaches", id(function)) in self._returning:
+            return False
+        self._returning.add(("reaches", id(function)))
+        try:
+            return any(
+                isinstance(node, cst.Return) and node.value is not None and self._reaches_loss(node.value, frozenset())
+                for node in walk(function.body, into_definitions=False)
+            )
+        finally:
+            self._returning.discard(("reaches", id(function)))
+
+    def _called_function(self, call: cst.Call) -> Optional[cst.FunctionDef]:
+        """The one function of this file a call runs: `name(...)` bound once by
+        `def`, or `self.name(...)` in a method, with `name` a method of the class."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            bindings = self.codemod.script.bindings_of(func.value, func)
+            if len(bindings) == 1 and isinstance(bindings[0].node, cst.FunctionDef):
+                return bindings[0].node
+            return None
+        if isinstance(func, cst.Attribute) and self._is_self(func.value):
+            # the one method of that name in the file: a subclass's override could run instead
+            found = [
+                scope.node
+                for scope in self.codemod.script.scopes
+                if scope.enclosing_class is not None and scope.node.name.value == func.attr.value
+            ]
+            method = next(a for a in self.codemod.ancestors(call) if isinstance(a, cst.FunctionDef))
+            klass = self.parent(self.parent(method))
+            return found[0] if len(found) == 1 and self.parent(self.parent(found[0])) is klass else None
         return None
 
     def _reaches_loss(self, value: Expression, exclude: frozenset) -> bool:
@@ -311,6 +431,8 @@ class Losses:
         if parts is not None:
             return any(self._reaches_loss(part, exclude) for part in parts)
         if isinstance(value, cst.Call):
+            if self._returns_a_loss_somewhere(value):
+                return True
             if self.method(value) is not None:
                 return self._reaches_loss(value.func.value, exclude)
             if any(q.startswith("torch.") for q in self.codemod.qualified_names(value.func)):
@@ -387,3 +509,18 @@ class Losses:
                     yield items[-1]
                     return
             current = holder
+
+
+def _ends_in_return(function: cst.FunctionDef) -> bool:
+    """Its last statement is a `return`: it never falls off its end with None."""
+    body = function.body.body
+    last = body[-1] if body else None
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return)
+
+
+def _is_tuple_of(value: Optional[cst.BaseExpression], width: int) -> bool:
+    return (
+        isinstance(value, cst.Tuple)
+        and len(value.elements) == width
+        and not any(isinstance(e, cst.StarredElement) for e in value.elements)
+    )

@@ -69,7 +69,7 @@ class Stores:
     def _store(self, node, target, values, is_update=False, exclude=()) -> Store:
         store = Store(node, target, values=list(values), is_update=is_update)
         for value in values:
-            atoms, opaque = self.loss_atoms(value, frozenset(map(id, exclude)))
+            atoms, opaque = self.loss_atoms(value, frozenset(map(id, exclude)), store.carried)
             store.atoms.extend(atoms)
             store.opaque |= opaque
         return store

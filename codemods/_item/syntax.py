@@ -181,6 +181,7 @@ class Store:
     atoms: list[tuple[Expression, bool]] = field(default_factory=list)  # (loss expression, known 0-d)
     opaque: bool = False  # a loss reaches it through something not modelled
     is_update: bool = False  # `meter.update(loss, n)`
+    carried: list = field(default_factory=list)  # targets of the literals it stores through a name (`log = {...}`)
 
 
 def always_run(block: cst.BaseSuite) -> Iterator[cst.BaseSmallStatement]:

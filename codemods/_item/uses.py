@@ -142,6 +142,10 @@ class Uses:
         ordered = [*parameters.posonly_params, *parameters.params]
         return ordered[index].name if index < len(ordered) else None
 
+    def follow_binding(self, target: cst.CSTNode) -> Verdict:
+        """What the later uses of the value a binding target receives need of it."""
+        return self._follow_binding(target)
+
     def _follow_binding(self, target: cst.CSTNode) -> Verdict:
         """Uses of what a binding target (`x = ...`, `for x in ...`) receives."""
         if isinstance(target, (cst.Tuple, cst.List)):

@@ -2,8 +2,9 @@
 the name a module-level `import torch` binds, whether `DataLoader` may come
 from a star import of torch's data package, which definitions run when the
 file is imported (for a file without a main guard), what a name may stand
-for, a class with its bases defined in the file, and the first change made
-to a dataset after its loader is built.
+for, a class with its bases defined in the file, the first change made
+to a dataset after its loader is built, and the dict a loader gets as
+`**name` with every key the code may put in it (`kwargs_dict`).
 
 `workers_facts(model)` computes the module-wide facts once per model, from
 the model's scopes and entry point (no walk of the whole tree).
@@ -11,12 +12,14 @@ the model's scopes and entry point (no walk of the whole tree).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 import libcst as cst
 
 from .._base import dotted_name
+from .._item.syntax import first_line
 from .uses import uses_of
 from .model import ScriptModel
 from .vocabulary import DATALOADER_MODULES
@@ -29,6 +32,40 @@ def workers_facts(model: ScriptModel) -> "WorkersFacts":
     if found is None:
         found = _cache[model] = WorkersFacts(model)
     return found
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One key the dict may hold: from the literal it starts as (`start` is
+    that literal), or put in later (`start` None) by `.update(...)` or
+    `name[key] = value`; `always`: a later change in the block that makes
+    the dict, so it runs whenever the dict exists."""
+
+    key: str
+    value: cst.BaseExpression
+    start: Optional[cst.CSTNode] = None
+    always: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class KwargsDict:
+    """A dict passed as `**name` to DataLoader calls whose every key the code
+    shows: made once (`statement`) as one of `starts` (dict literals or
+    `dict(key=value)` calls; two for `{...} if c else {...}`), and otherwise
+    only read by `**name` in those calls and changed by `.update(...)` or
+    `name["key"] = value`."""
+
+    name: str
+    statement: cst.CSTNode
+    starts: list
+    entries: list
+    loaders: list
+
+    def values_of(self, key: str) -> list:
+        return [e.value for e in self.entries if e.key == key]
+
+    def start_has(self, start: cst.CSTNode, key: str) -> bool:
+        return any(e.start is start and e.key == key for e in self.entries)
 
 
 class WorkersFacts:
@@ -180,6 +217,164 @@ class WorkersFacts:
         return isinstance(parent, cst.Del)
 
 
+    # -- the dict a loader gets as `**name` ---------------------------------------------
+
+    def kwargs_dict(self, call: cst.Call, is_loader: Callable[[cst.Call], bool]) -> Union[KwargsDict, str]:
+        """The dict `call` gets as its only star argument `**name`, or why its
+        keys cannot all be seen."""
+        stars = [a for a in call.args if a.star]
+        if len(stars) != 1 or stars[0].star != "**" or not isinstance(stars[0].value, cst.Name):
+            return "what they hold cannot be seen"
+        found = self._dict_of(stars[0].value, is_loader, set())
+        if isinstance(found, str):
+            return found
+        if not found.loaders:
+            return f"`{found.name}` is used where it cannot be followed"
+        return found
+
+    def _dict_of(self, name: cst.Name, is_loader, seen: set) -> Union[KwargsDict, str]:
+        index = self.model.index
+        home = index.home_of(name.value, index.scope_of(name))
+        bindings = home.bindings.get(name.value, []) if home is not None else []
+        if any(b.kind == "param" for b in bindings):
+            return f"`{name.value}` is an argument, which the callers fill"
+        if len(bindings) != 1 or bindings[0].kind != "assign" or not isinstance(bindings[0].node, cst.Name):
+            return f"`{name.value}` is not assigned once, as a plain name"
+        binding = bindings[0]
+        statement = binding.statement
+        if not isinstance(statement, cst.Assign) or len(statement.targets) != 1 or binding.node in seen:
+            return f"`{name.value}` is assigned in `{first_line(statement)}`"
+        if any(isinstance(self.model.parent(n), cst.NameItem) for n in uses_of(self.model).names.get(name.value, ())):
+            return f"`{name.value}` is declared global or nonlocal"
+        seen.add(binding.node)
+        starts = self._starts(binding.value)
+        if starts is None:
+            return f"`{name.value}` is assigned `{first_line(binding.value)}`, whose keys cannot be seen"
+        found = KwargsDict(name.value, statement, starts, [], [])
+        for start in starts:
+            entries = _literal_entries(start)
+            if entries is None:
+                return f"`{name.value}` is assigned a dict whose keys cannot all be seen"
+            found.entries.extend(Entry(key, value, start) for key, value in entries)
+        for read in uses_of(self.model).reads(name.value, home):
+            problem = self._take_read(found, read, is_loader, seen)
+            if problem:
+                return problem
+        return found
+
+    def _starts(self, value: Optional[cst.BaseExpression]) -> Optional[list]:
+        """The dict literals (or `dict(...)` calls) a value is one of."""
+        if isinstance(value, cst.Dict) or (
+            isinstance(value, cst.Call) and self.model.is_call_to(value, {"builtins.dict"})
+        ):
+            return [value]
+        if isinstance(value, cst.IfExp):
+            body, orelse = self._starts(value.body), self._starts(value.orelse)
+            return body + orelse if body is not None and orelse is not None else None
+        return None
+
+    def _take_read(self, found: KwargsDict, read: cst.Name, is_loader, seen: set) -> Optional[str]:
+        """Record what one read of the dict does; a problem when it is not
+        `**name` in a DataLoader call, a change whose keys show, or the
+        argument of another dict's `.update(name)`."""
+        parent = self.model.parent(read)
+        holder = self.model.parent(parent)
+        if isinstance(parent, cst.Arg) and parent.star == "**" and isinstance(holder, cst.Call) and is_loader(holder):
+            found.loaders.append(holder)
+            return None
+        if isinstance(parent, cst.Arg) and not parent.star and parent.keyword is None and _is_update(holder):
+            if len(holder.args) == 1 and isinstance(self.model.parent(holder), cst.Expr):
+                return None  # merged into another dict, unchanged itself
+        if isinstance(parent, cst.Attribute) and parent.attr.value == "update" and _is_update(holder):
+            if holder.func is parent and isinstance(self.model.parent(holder), cst.Expr):
+                return self._take_update(found, holder, is_loader, seen)
+        if isinstance(parent, cst.Subscript) and parent.value is read and isinstance(holder, cst.AssignTarget):
+            key = _string_index(parent)
+            assign = self.model.parent(holder)
+            if key is not None and len(assign.targets) == 1:
+                found.entries.append(Entry(key, assign.value, always=self._always(found, assign)))
+                return None
+        statement = first_line(_statement(self.model, read))
+        return f"`{found.name}` is also used in `{statement}` (line {self.model.line(read)})"
+
+    def _take_update(self, found: KwargsDict, update: cst.Call, is_loader, seen: set) -> Optional[str]:
+        always = self._always(found, update)
+        for arg in update.args:
+            if arg.star:
+                return f"`{found.name}.update(...)` gets a star argument"
+            if arg.keyword is not None:
+                found.entries.append(Entry(arg.keyword.value, arg.value, always=always))
+                continue
+            if isinstance(arg.value, cst.Dict):
+                entries = _literal_entries(arg.value)
+                if entries is None:
+                    return f"`{found.name}.update(...)` gets a dict whose keys cannot all be seen"
+                found.entries.extend(Entry(key, value, always=always) for key, value in entries)
+            elif isinstance(arg.value, cst.Name):
+                source = self._dict_of(arg.value, is_loader, seen)
+                if isinstance(source, str):
+                    return source
+                if source.loaders:
+                    return f"`{arg.value.value}` is both merged into `{found.name}` and given to a DataLoader"
+                found.entries.extend(
+                    Entry(e.key, e.value, always=always and e.start is not None) for e in source.entries
+                )
+            else:
+                return f"`{found.name}.update(...)` gets `{first_line(arg.value)}`, whose keys cannot be seen"
+        return None
+
+    def _always(self, found: KwargsDict, change: cst.CSTNode) -> bool:
+        """Is the change a statement of the block that makes the dict (so it
+        runs whenever the dict exists)?"""
+        def line_of(node):
+            while node is not None and not isinstance(node, cst.SimpleStatementLine):
+                node = self.model.parent(node)
+            return node
+
+        made, changed = line_of(found.statement), line_of(change)
+        return made is not None and changed is not None and self.model.parent(made) is self.model.parent(changed)
+
+
+def _is_update(call: Optional[cst.CSTNode]) -> bool:
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "update"
+
+
+def _literal_entries(start: cst.CSTNode) -> Optional[list]:
+    """(key, value) of a dict literal with string keys, or of `dict(key=value)`;
+    None when a key cannot be seen (`**other`, a computed key)."""
+    entries = []
+    if isinstance(start, cst.Dict):
+        for element in start.elements:
+            plain = isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+            key = element.key.evaluated_value if plain else None
+            if not isinstance(key, str):
+                return None
+            entries.append((key, element.value))
+        return entries
+    for arg in start.args:
+        if arg.star or arg.keyword is None:
+            return None
+        entries.append((arg.keyword.value, arg.value))
+    return entries
+
+
+def _string_index(subscript: cst.Subscript) -> Optional[str]:
+    """"key" in `name["key"]`."""
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return None
+    value = subscript.slice[0].slice.value
+    key = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+    return key if isinstance(key, str) else None
+
+
+def _statement(model: ScriptModel, node: cst.CSTNode) -> cst.CSTNode:
+    """The small statement (or the header's compound statement) around `node`."""
+    for ancestor in model.ancestors(node):
+        if isinstance(ancestor, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            return ancestor
+    return node
+
+
 def _torch_alias(model: ScriptModel) -> Optional[str]:
     """The name that a module-level `import torch` (or `import torch as th`,
     `import torch.nn`) binds, if any: only a statement of the module's own
@@ -235,4 +430,4 @@ def _called_classes(model: ScriptModel, call: cst.Call) -> list:
     return [model.index.scope_by_node[b.node] for b in model.bindings_of(call.func.value, call) if b.kind == "class"]
 
 
-__all__ = ["WorkersFacts", "workers_facts"]
+__all__ = ["Entry", "KwargsDict", "WorkersFacts", "workers_facts"]

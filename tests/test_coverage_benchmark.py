@@ -1,0 +1,34 @@
+"""benchmarks/coverage.py counts each codemod's own findings, fixes apart from
+refusals and notes, as `--to WORD` alone would give them."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from conftest import FIXTURES
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "coverage.py"
+_spec = importlib.util.spec_from_file_location("coverage_benchmark", _PATH)
+coverage = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(coverage)
+
+
+def test_fixes_refusals_and_notes_are_counted_apart():
+    tallies = coverage.tally([FIXTURES / "workers" / "in_memory_tensors.py"])
+    workers = tallies["workers"]
+    assert (workers.files, workers.migrated) == (1, 1)
+    assert dict(workers.left) == {"AM108": 1}
+    assert dict(workers.notes) == {"AM107": 2}
+    assert tallies["item"].files == 0  # no backward: nothing for it
+
+
+def test_a_word_that_needs_a_value_gets_one():
+    assert coverage.options_for("workers") == {}
+    assert coverage.options_for("accumulate") == {"value": coverage.VALUE_FOR_WORDS_THAT_NEED_ONE}
+
+
+def test_the_table_has_a_row_per_codemod():
+    tallies = coverage.tally([FIXTURES / "workers" / "in_memory_tensors.py"])
+    text = coverage.table("Inputs", tallies, 1)
+    assert "| `workers` | 1 | 1 | 1 | 50% | AM108 1 | AM107 2 |" in text
+    assert text.count("\n| `") == len(tallies)
