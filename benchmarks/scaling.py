@@ -1,8 +1,11 @@
 """How the cost of analysing one file grows with its size.
 
-Builds one file of about 10 KB, 100 KB, 1 MB and 5 MB of training code
-(copies of a small realistic script, each with its own function and class
-names) and prints, for each size, the CPU time and peak memory of:
+Builds one file of about 10 KB, 100 KB, 1 MB and 5 MB of training code and
+prints, for each size, the CPU time and peak memory of the stages below.
+Two shapes of file: `functions` (copies of a small realistic script, each
+with its own function and class names) and `flat` (copies of a flat
+tutorial-style block at module level, which binds the same names again in
+every copy: the worst case for any look-up that goes over a name's bindings):
 
   (a) ast.parse + the pre-check (`accelmigrate.codemods.script.precheck`),
   (b) libcst.parse_module + the script model (`ScriptModel.of`),
@@ -15,7 +18,7 @@ imported the tool. Stage (c) skips the sizes after one that ran past the
 budget ("skipped: over budget"). Time per KB should stay about constant
 for (a) and (b).
 
-    python benchmarks/scaling.py [--sizes 10,100,1000,5000] [--budget 120]
+    python benchmarks/scaling.py [--sizes 10,100,1000,5000] [--budget 120] [--shape functions|flat]
 """
 
 from __future__ import annotations
@@ -86,6 +89,27 @@ def main{i}(args):
     torch.save(model.state_dict(), "model{i}.pt")
 '''
 
+FLAT_BLOCK = '''
+
+# -- run {i} --
+train_data{i} = TensorDataset(torch.randn(256, 20), torch.randint(0, 4, (256,)))
+train_loader = DataLoader(train_data{i}, batch_size=32, shuffle=True)
+model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+optimizer = optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.CrossEntropyLoss()
+losses = []
+for epoch in range(2):
+    for data, target in train_loader:
+        data, target = data.cuda(), target.cuda()
+        optimizer.zero_grad()
+        loss = criterion(model(data), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss)
+    print("run {i} epoch", epoch, loss.item())
+torch.save(model.state_dict(), "model{i}.pt")
+'''
+
 HEADER = '''"""Generated training code for the scaling benchmark."""
 import argparse
 
@@ -113,26 +137,29 @@ STAGES = {
 }
 
 
-def training_code(kilobytes: int) -> str:
-    """About `kilobytes` KB of training code: copies of TEMPLATE."""
+def training_code(kilobytes: int, shape: str = "functions") -> str:
+    """About `kilobytes` KB of training code: copies of TEMPLATE (with a main
+    guard), or of FLAT_BLOCK."""
+    block = TEMPLATE if shape == "functions" else FLAT_BLOCK
     parts = [HEADER]
     size, i = len(HEADER), 0
     while size < kilobytes * 1024:
-        copy = TEMPLATE.format(i=i)
+        copy = block.format(i=i)
         parts.append(copy)
         size += len(copy)
         i += 1
-    parts.append(FOOTER)
+    if shape == "functions":
+        parts.append(FOOTER)
     return "".join(parts)
 
 
 # -- one measurement (in a fresh interpreter) ------------------------------------
 
 
-def measure(stage: str, kilobytes: int) -> dict:
+def measure(stage: str, kilobytes: int, shape: str) -> dict:
     import resource
 
-    source = training_code(kilobytes)
+    source = training_code(kilobytes, shape)
     run = _stage(stage)
     start = time.process_time()
     detail = run(source)
@@ -187,12 +214,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,100,1000,5000", help="file sizes in KB")
     parser.add_argument("--budget", type=float, default=120.0, help="CPU seconds (c) may take before larger sizes are skipped")
     parser.add_argument("--stages", default="abc")
+    parser.add_argument("--shape", choices=("functions", "flat"), default="functions")
     parser.add_argument("--child", nargs=2, metavar=("STAGE", "KB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child[0], int(args.child[1]))))
+        print(json.dumps(measure(args.child[0], int(args.child[1]), args.shape)))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"shape: {args.shape}")
     print(f"{'stage':44} {'size KB':>9} {'CPU s':>8} {'ms/KB':>7} {'peak MB':>8}  result")
     for stage in args.stages:
         over = False
@@ -202,7 +231,7 @@ def main() -> None:
                 print(f"{label:44} {kilobytes:>9} skipped: over budget")
                 continue
             limit = args.budget * 2 + 30 if stage == "c" else 1200.0  # wall-clock seconds
-            result = _child(stage, kilobytes, limit)
+            result = _child(stage, kilobytes, limit, args.shape)
             if result is None:
                 print(f"{label:44} {kilobytes:>9} skipped: over budget (stopped after {limit:.0f} s)")
                 over = True
@@ -213,10 +242,10 @@ def main() -> None:
         sys.stdout.flush()
 
 
-def _child(stage: str, kilobytes: int, limit: float):
+def _child(stage: str, kilobytes: int, limit: float, shape: str):
     try:
         done = subprocess.run(
-            [sys.executable, __file__, "--child", stage, str(kilobytes)],
+            [sys.executable, __file__, "--child", stage, str(kilobytes), "--shape", shape],
             capture_output=True, text=True, timeout=limit, check=True,
         )
     except subprocess.TimeoutExpired:

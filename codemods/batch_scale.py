@@ -73,7 +73,7 @@ from ._accumulate.syntax import Problem, is_method_call, positional_args, target
 from ._base import Codemod, append_keyword_args, code_of, has_star_args, keyword_arg, times_or_divided
 from .script import ScriptModel
 from .script import vocabulary as v
-from .script.accumulate_facts import Uses, backward_calls, made_by_call, references
+from .script.accumulate_facts import Uses, backward_calls, made_by_call
 
 SCALE_CONSTANT = "BATCH_SCALE"
 WARM_UP_ABOVE = 8  # larger factors get finding AM613
@@ -121,7 +121,7 @@ class ValueTracer:
             return self._through_binding(value, value.value, self.uses.names[value.value], what, depth)
         if isinstance(value, cst.Attribute):
             key = target_key(value)
-            if key is not None and any(_assigned_value(b) is not None for b in references(self.script, value)):
+            if key is not None and any(_assigned_value(b) is not None for b in self.script.bindings_of_reference(value)):
                 return self._through_binding(value, key, self.uses.attributes[value.attr.value], what, depth)
             return self._through_argparse(value, what, depth)
         if isinstance(value, cst.Subscript):
@@ -129,7 +129,7 @@ class ValueTracer:
         return Scaling(value, where or f"`{code_of(value)}`")  # used only here: scale it here
 
     def _through_binding(self, use: cst.BaseExpression, key: str, uses: int, what: str, depth: int) -> Union[Scaling, Problem]:
-        bindings = references(self.script, use)
+        bindings = self.script.bindings_of_reference(use)
         value = _assigned_value(bindings[0]) if len(bindings) == 1 else None
         if value is None:
             return Problem(use, "AM612", f"{what} is `{key}`, which is not assigned exactly once (a parameter, or reassigned): scale it by hand")
@@ -158,7 +158,7 @@ class ValueTracer:
         name, key = use.value, _string_index(use)
         if not isinstance(name, cst.Name) or key is None:
             return Problem(use, "AM612", f"{what} is `{code_of(use)}`: scale it by hand")
-        bindings = references(self.script, name)
+        bindings = self.script.bindings_of_reference(name)
         literal = _assigned_value(bindings[0]) if len(bindings) == 1 else None
         only_subscripted = self.uses.names[name.value] == 1 + self.uses.subscripted[name.value]
         if not isinstance(literal, cst.Dict) or not only_subscripted or self.uses.strings[key] != 2:

@@ -16,7 +16,8 @@ from libcst.metadata import MetadataWrapper, QualifiedNameProvider, QualifiedNam
 
 from accelmigrate.codemods import all_codemods, resolve
 from accelmigrate.codemods._base import walk as _walk
-from accelmigrate.codemods.script import ScriptModel, precheck, words_that_may_apply
+from accelmigrate.codemods.script import RULES, ScriptModel, precheck, words_that_may_apply
+from accelmigrate import engine
 from accelmigrate.engine import migrate_source
 
 from conftest import FIXTURES
@@ -200,10 +201,17 @@ def all_fixture_files():
     return sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
 
 
-def test_precheck_never_rejects_a_file_a_codemod_touches():
+@pytest.fixture
+def rules_off(monkeypatch):
+    """The engine runs every selected word, whatever the pre-check says: what
+    a rejected word would have done is then seen."""
+    monkeypatch.setattr(engine, "words_that_may_apply", lambda facts, words: list(words))
+
+
+def test_precheck_never_rejects_a_file_a_codemod_touches(rules_off):
     """For every fixture and every word alone: when the pre-check rejects the
     word, its codemod (after the words it requires) changes and reports nothing."""
-    missed = []
+    missed, checked = [], 0
     for path in all_fixture_files():
         source = path.read_text()
         facts = precheck(source)
@@ -212,16 +220,18 @@ def test_precheck_never_rejects_a_file_a_codemod_touches():
             # check mode runs each codemod on its prerequisites' output, as apply would
             result = migrate_source(source, [(w, VALUES.get(w, {})) for w in rejected], str(path), check_only=True)
             missed += [f"{path.relative_to(FIXTURES)}:{f.line} {f.code} ({f.word})" for f in result.findings if f.word in rejected]
+            checked += len(rejected)
     assert not missed
+    assert checked > 100  # the proof ran: many (fixture, word) pairs are rejected
 
 
 _DIRECTIVE = re.compile(r"^# fixture-to:\s*(\S+)\s*$", re.MULTILINE)
 
 
-def test_precheck_never_rejects_a_word_of_a_fixture_s_own_combination():
+def test_precheck_never_rejects_a_word_of_a_fixture_s_own_combination(rules_off):
     """The fixtures that name several words: a rejected word reports nothing
     in the real run, after the words before it rewrote the file."""
-    missed = []
+    missed, checked = [], 0
     for path in all_fixture_files():
         source = path.read_text()
         directive = _DIRECTIVE.search(source[:2000])
@@ -230,6 +240,90 @@ def test_precheck_never_rejects_a_word_of_a_fixture_s_own_combination():
         plan = [(w.partition("=")[0], {"value": w.partition("=")[2]} if "=" in w else {}) for w in directive.group(1).split(",")]
         words = [cls.word for cls, _ in resolve(dict(plan))]
         rejected = set(words) - set(words_that_may_apply(precheck(source), words))
-        result = migrate_source(source, plan, str(path))
-        missed += [f"{path.name}:{f.line} {f.code}" for f in result.findings if f.word in rejected]
+        if rejected:
+            result = migrate_source(source, plan, str(path))
+            missed += [f"{path.name}:{f.line} {f.code}" for f in result.findings if f.word in rejected]
+            checked += len(rejected)
     assert not missed
+
+
+def test_names_the_distributed_codemods_add_are_theirs():
+    """The pre-check's copies of the names ddp and fsdp add (a file that has
+    one already gets their AM530) are the codemods' own lists."""
+    from accelmigrate.codemods import ddp, fsdp
+    from accelmigrate.codemods.script.precheck import DDP_ADDED_NAMES, FSDP_ADDED_NAMES
+
+    assert DDP_ADDED_NAMES == set(ddp.ADDED_NAMES) and FSDP_ADDED_NAMES == fsdp.ADDED_SHARDING_NAMES
+
+
+def test_rules_off_lets_a_rejected_word_run(rules_off, monkeypatch):
+    """What the two proofs above rely on: with `rules_off`, a word that its
+    rule rejects still runs and reports."""
+    monkeypatch.setitem(RULES, "empty-cache", lambda facts: False)
+    source = "import torch\n\nfor step in range(3):\n    torch.cuda.empty_cache()\n"
+    assert words_that_may_apply(precheck(source), ["empty-cache"]) == []
+    assert [f.code for f in migrate_source(source, [("empty-cache", {})], check_only=True).findings] == ["AM210"]
+
+
+# -- scopes and cost --------------------------------------------------------------------
+
+
+def test_scope_of_code_directly_in_a_body_is_the_body_s_scope():
+    source = "def train(model, lr=1 + 2):\n    loss = model(1)\n    loss.backward()\n\n\nsquare = lambda x: x * x\n"
+    model = ScriptModel.of(cst.parse_module(source))
+    function = model.function("train").node
+    line = function.body.body[0]
+    assert model.scope_of(line).name == "train" and model.scope_of(function.body).name == "train"
+    assert model.function_at(line) is model.function("train")
+    assert model.scope_of(function).name == "<module>"  # the def statement itself runs in the module
+    assert model.scope_of(function.params.params[1].default).name == "<module>"  # a default is evaluated outside
+    (assign,) = model.module.body[1].body
+    assert model.scope_of(assign.value.body).kind == "lambda"
+
+
+FLAT_COPY = """
+loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)
+model = torch.nn.Linear(4, 1).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    optimizer.zero_grad()
+    output = model(x.cuda())
+    loss = torch.nn.functional.mse_loss(output, y.cuda())
+    loss.backward()
+    optimizer.step()
+"""
+FLAT_HEADER = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+
+
+def _nodes_read(monkeypatch, copies: int) -> int:
+    """How many nodes the model's analyses read for a flat script of `copies`
+    copies of one training block (the same names bound again each time)."""
+    from accelmigrate.codemods.script import steps, uses
+
+    read = []
+    real_attached, real_is_read = steps._attached, uses.Uses.is_read
+
+    def attached(expression):
+        for node in real_attached(expression):
+            read.append(1)
+            yield node
+
+    def is_read(self, name):
+        read.append(1)
+        return real_is_read(self, name)
+
+    monkeypatch.setattr(steps, "_attached", attached)
+    monkeypatch.setattr(uses.Uses, "is_read", is_read)
+    model = ScriptModel.of(cst.parse_module(FLAT_HEADER + FLAT_COPY * copies))
+    assert len(model.training_steps) == copies
+    found = uses.uses_of(model)
+    for binding in model.module_scope.bindings["model"]:
+        found.reads("model", binding.scope)
+    return len(read)
+
+
+def test_a_flat_script_repeating_one_block_costs_in_proportion(monkeypatch):
+    """Each backward's models, and the reads of each binding, are found
+    without going over every other copy's assignments again."""
+    small, large = _nodes_read(monkeypatch, 10), _nodes_read(monkeypatch, 40)
+    assert large <= 4.5 * small

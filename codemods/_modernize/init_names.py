@@ -6,13 +6,9 @@ from __future__ import annotations
 import libcst as cst
 
 from .._base import dotted_name, walk
+from ..script.vocabulary import DEPRECATED_INIT
 from .syntax import in_import
 
-# The initialisers torch keeps under their pre-0.4 names only as deprecated aliases.
-DEPRECATED_INIT = frozenset(
-    {"uniform", "normal", "constant", "eye", "dirac", "xavier_uniform", "xavier_normal",
-     "kaiming_uniform", "kaiming_normal", "orthogonal", "sparse"}
-)  # fmt: skip
 INIT_MODULES = ("torch.nn.init",)
 
 

@@ -31,7 +31,6 @@ LOSS_CLASSES = {
     "TripletMarginWithDistanceLoss": 3,
 }  # fmt: skip
 REDUCING = frozenset({"mean", "sum", "batchmean"})  # reductions that give a 0-dim tensor
-LEGACY_REDUCTION = ("size_average", "reduce")
 
 
 class LossArgumentPlans:
@@ -39,9 +38,9 @@ class LossArgumentPlans:
 
     def _plan_legacy_reductions(self, calls: list[cst.Call]) -> None:
         for call in calls:
-            if not any(keyword_arg(call, name) for name in LEGACY_REDUCTION) or self.values.loss_prefix(call) is None:
+            if not any(keyword_arg(call, name) for name in v.LEGACY_REDUCTION) or self.values.loss_prefix(call) is None:
                 continue
-            given = {name: keyword_arg(call, name) for name in LEGACY_REDUCTION}
+            given = {name: keyword_arg(call, name) for name in v.LEGACY_REDUCTION}
             values = {name: literal_flag(arg.value) if arg else None for name, arg in given.items()}
             if any(arg is not None and values[name] == "?" for name, arg in given.items()):
                 self.report(call, "AM224", f"{first_line(call)}: size_average and reduce are deprecated; pass "
@@ -129,7 +128,7 @@ def _legacy_reduction(size_average, reduce) -> str:
 def with_reduction(call: cst.Call, reduction: str) -> cst.Call:
     """The call without size_average / reduce / reduction, then with
     `reduction="..."` where the first of them was (none for "mean")."""
-    dropped = {*LEGACY_REDUCTION, "reduction"}
+    dropped = {*v.LEGACY_REDUCTION, "reduction"}
     args, placed = [], False
     for arg in call.args:
         if arg.keyword is None or arg.keyword.value not in dropped:

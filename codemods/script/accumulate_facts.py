@@ -6,8 +6,8 @@ read, answered from the script model:
 - `ddp_models`: the names bound to a DistributedDataParallel wrap;
 - `has_no_length`: a loop's iterable whose length cannot be asked for (a
   generator, `zip`/`map`/`iter`, a loader over an IterableDataset);
-- `references`, `entities_of` and `made_by_call`: what a name or `self.x`
-  may hold where it is used, every binding in reach (not only the latest);
+- `made_by_call`: the one call that made what a name or `self.x` holds where
+  it is used, over every binding in reach (not only the latest);
 - `Uses`: the identifiers of the file and how often names, attributes and
   string keys occur, for deciding whether a definition has a single reader.
 """
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import weakref
 from typing import Callable, Optional
 
 import libcst as cst
 
 from .._base import dotted_name
 from . import vocabulary as v
-from .entities import Entity
 from .model import ScriptModel
-from .scopes import Binding
 
 LENGTHLESS_CALLS = frozenset({"builtins.iter", "builtins.map", "builtins.zip", "builtins.filter"})
 ATTRIBUTE_BY_STRING = ("getattr", "setattr", "hasattr", "delattr")
@@ -72,16 +71,23 @@ def anchors(script: ScriptModel) -> tuple[dict, dict]:
     return in_loops, loose
 
 
-def ddp_models(script: ScriptModel) -> set[str]:
+_ddp_models: "weakref.WeakKeyDictionary[ScriptModel, frozenset]" = weakref.WeakKeyDictionary()
+
+
+def ddp_models(script: ScriptModel) -> frozenset:
     """The names (or `self.x`) assigned a DistributedDataParallel wrap, under a
-    condition or not, or `X = DistributedDataParallel(...) if ... else X`."""
-    return {
-        binding.name
-        for scope in script.scopes
-        for bindings in scope.bindings.values()
-        for binding in bindings
-        if binding.kind == "assign" and binding.value is not None and _wraps_in_ddp(script, binding.value)
-    }
+    condition or not, or `X = DistributedDataParallel(...) if ... else X`
+    (found once per model: every loop asks)."""
+    found = _ddp_models.get(script)
+    if found is None:
+        found = _ddp_models[script] = frozenset(
+            binding.name
+            for scope in script.scopes
+            for bindings in scope.bindings.values()
+            for binding in bindings
+            if binding.kind == "assign" and binding.value is not None and _wraps_in_ddp(script, binding.value)
+        )
+    return found
 
 
 def _wraps_in_ddp(script: ScriptModel, value: cst.BaseExpression) -> bool:
@@ -93,22 +99,10 @@ def _wraps_in_ddp(script: ScriptModel, value: cst.BaseExpression) -> bool:
 # -- what a reference holds ---------------------------------------------------------------
 
 
-def references(script: ScriptModel, expression: cst.BaseExpression) -> list[Binding]:
-    """The bindings a name, `self.x` (the assignments in the class's methods)
-    or `args.x` may read where `expression` uses it."""
-    return script.bindings_of_reference(expression)
-
-
-def entities_of(script: ScriptModel, expression: cst.BaseExpression) -> list[Entity]:
-    """Every entity `expression` may hold where it is used (followed through
-    parameters to the file's call sites), not only the latest."""
-    return script.entities_of(expression)
-
-
 def made_by_call(script: ScriptModel, expression: cst.BaseExpression, kind: str, makes: Callable[[cst.Call], bool]) -> Optional[cst.Call]:
     """The one call, accepted by `makes`, that made what `expression` holds
     (through aliases), when every binding in reach of that kind agrees on it."""
-    made = {id(e.origin.value): e.origin.value for e in entities_of(script, expression) if e.kind == kind}
+    made = {id(e.origin.value): e.origin.value for e in script.entities_of(expression) if e.kind == kind}
     if len(made) != 1:
         return None
     (value,) = made.values()
@@ -118,7 +112,7 @@ def made_by_call(script: ScriptModel, expression: cst.BaseExpression, kind: str,
 def has_no_length(script: ScriptModel, iterable: cst.BaseExpression) -> bool:
     """`len(iterable)` cannot work: it holds a generator, `iter`/`map`/`zip`/
     `filter`, or a DataLoader over an IterableDataset class of the file."""
-    for binding in references(script, iterable):
+    for binding in script.bindings_of_reference(iterable):
         value = binding.value if binding.kind == "assign" else None
         if isinstance(value, cst.GeneratorExp):
             return True
@@ -132,7 +126,7 @@ def has_no_length(script: ScriptModel, iterable: cst.BaseExpression) -> bool:
 def _is_lengthless_dataset(script: ScriptModel, dataset: cst.BaseExpression) -> bool:
     candidates = [dataset]
     if isinstance(dataset, (cst.Name, cst.Attribute)) and dotted_name(dataset):
-        candidates += [b.value for b in references(script, dataset) if b.kind == "assign" and b.value is not None]
+        candidates += [b.value for b in script.bindings_of_reference(dataset) if b.kind == "assign" and b.value is not None]
     return any(
         isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and _is_iterable_dataset_class(script, value.func)
         for value in candidates
@@ -210,9 +204,7 @@ __all__ = [
     "anchors",
     "backward_calls",
     "ddp_models",
-    "entities_of",
     "has_no_length",
     "is_known_optimizer_step",
     "made_by_call",
-    "references",
 ]

@@ -85,12 +85,15 @@ class Entities:
         self._returned: dict[cst.FunctionDef, Optional[str]] = {}
         self._received: dict[Binding, list[Entity]] = {}  # parameter -> what its call sites pass
         self._star_dataloader = any(m in v.DATALOADER_MODULES for m in index.star_imports)
+        self._looked_up = None  # while bindings are being classified, an answer may still be partial
+        self._following = 0  # parameters being followed to their call sites
         for scope in index.scopes:
             for bindings in scope.bindings.values():
                 for binding in bindings:
                     self.of_binding(binding)
-        # every binding is classified now: later look-ups only read
+        # every binding is classified now: later look-ups only read, and are kept
         self.all: list[Entity] = sorted(self.by_binding.values(), key=lambda e: index.order[e.at])
+        self._looked_up: Optional[dict[tuple, list[Entity]]] = {}
 
     def of_kind(self, kind: str) -> list[Entity]:
         return [e for e in self.all if e.kind == kind]
@@ -142,7 +145,7 @@ class Entities:
         if self._star_dataloader and isinstance(call.func, cst.Name) and call.func.value == "DataLoader" and not names:
             return "loader", "torch.utils.data.DataLoader", None
         if isinstance(call.func, cst.Name):
-            for binding in self.index.bindings_of(call.func.value, scope):
+            for binding in self.index.definitions_of(call.func.value, scope):
                 kind = self.class_kind(binding.node) if binding.kind == "class" else None
                 if kind is None and binding.kind == "def" and depth < FOLLOW_DEPTH:
                     kind = self.returned_kind(binding.node, depth + 1)
@@ -180,7 +183,7 @@ class Entities:
             for name in self.index.qualified_names(base.value):
                 found = found or _kind_of_base(name)
             if found is None and isinstance(base.value, cst.Name):
-                for binding in self.index.bindings_of(base.value.value, scope):
+                for binding in self.index.definitions_of(base.value.value, scope):
                     if binding.kind == "class":
                         found = found or self.class_kind(binding.node)
         if found == "model" and klass.name.value.endswith("Loss"):
@@ -217,6 +220,17 @@ class Entities:
     def all_of(self, expression: cst.BaseExpression, scope: Scope, depth: int = 0) -> list[Entity]:
         if depth > FOLLOW_DEPTH:
             return []
+        key = (dotted_name(expression), scope, depth)
+        if self._looked_up is None or not key[0]:
+            return self._all_of(expression, scope, depth)
+        found = self._looked_up.get(key)
+        if found is None:
+            found = self._all_of(expression, scope, depth)
+            if not self._following:  # inside a parameter being followed, an answer may be partial
+                self._looked_up[key] = found
+        return list(found)
+
+    def _all_of(self, expression: cst.BaseExpression, scope: Scope, depth: int) -> list[Entity]:
         found: list[Entity] = []
         for binding in self._bindings(expression, scope):
             if binding.kind == "param":
@@ -269,14 +283,18 @@ class Entities:
         if function is None:
             return []
         found = self._received[binding] = []
-        for site in function.callers:
-            argument = site.arguments.get(binding.name)
-            if argument is not None and isinstance(argument, (cst.Name, cst.Attribute)):
-                found.extend(self.all_of(argument, site.caller, depth + 1))
-            elif argument is not None:
-                kind = self.kind_of_value(argument, site.caller, depth + 1)
-                if kind is not None:
-                    found.append(Entity(kind[0], binding.name, binding.scope, kind[1], site.call, self.lines, binding, kind[2]))
+        self._following += 1
+        try:
+            for site in function.callers:
+                argument = site.arguments.get(binding.name)
+                if argument is not None and isinstance(argument, (cst.Name, cst.Attribute)):
+                    found.extend(self.all_of(argument, site.caller, depth + 1))
+                elif argument is not None:
+                    kind = self.kind_of_value(argument, site.caller, depth + 1)
+                    if kind is not None:
+                        found.append(Entity(kind[0], binding.name, binding.scope, kind[1], site.call, self.lines, binding, kind[2]))
+        finally:
+            self._following -= 1
         return found
 
 

@@ -103,6 +103,7 @@ class Flow:
         self.index = index
         self.lines = lines
         self.functions: dict[cst.FunctionDef, Function] = {}
+        self._instance_classes: dict[tuple[str, Scope], Optional[cst.ClassDef]] = {}
         for scope in index.scopes:
             if scope.kind == "function":
                 owner = scope.enclosing_class
@@ -121,7 +122,7 @@ class Flow:
         bound to an instance (a method through `self.`, a class's __init__)."""
         func = call.func
         if isinstance(func, cst.Name):
-            for binding in self.index.bindings_of(func.value, scope):
+            for binding in self.index.definitions_of(func.value, scope):
                 if binding.kind == "def" and binding.node in self.functions:
                     return self.functions[binding.node], False
                 if binding.kind == "class":
@@ -138,15 +139,21 @@ class Flow:
 
     def class_of_instance(self, name: cst.Name, scope: Scope) -> Optional[cst.ClassDef]:
         """The file's class that `name` is an instance of: `self` in a method,
-        or a name assigned `Cls(...)`."""
+        or a name assigned `Cls(...)` (once per name and scope)."""
+        key = (name.value, scope)
+        if key not in self._instance_classes:
+            self._instance_classes[key] = self._find_class_of_instance(name.value, scope)
+        return self._instance_classes[key]
+
+    def _find_class_of_instance(self, name: str, scope: Scope) -> Optional[cst.ClassDef]:
         if scope.kind == "function" and scope.enclosing_class is not None:
             params = positional_parameters(scope.node)
-            if params and params[0] == name.value and not _is_static(self.functions[scope.node]):
+            if params and params[0] == name and not _is_static(self.functions[scope.node]):
                 return scope.enclosing_class.node
-        for binding in self.index.bindings_of(name.value, scope):
+        for binding in self.index.bindings_of(name, scope):
             value = binding.value
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-                for made in self.index.bindings_of(value.func.value, binding.scope):
+                for made in self.index.definitions_of(value.func.value, binding.scope):
                     if made.kind == "class":
                         return made.node
         return None

@@ -24,13 +24,16 @@ from typing import Callable, Collection, Iterable, Mapping, Optional
 from . import vocabulary as v
 
 LOCAL_RANK_FLAGS = frozenset({"--local_rank", "--local-rank"})
-# Names that the ddp codemod adds and refuses to shadow (its AM530).
+# Names that the ddp and fsdp codemods add and refuse to find taken (their
+# AM530); tests/test_script_model.py checks that they are the codemods' own.
 DDP_ADDED_NAMES = frozenset(
     {
-        "DistributedDataParallel", "DistributedSampler", "init_distributed", "is_distributed", "is_main_process",
-        "ddp_device_ids", "unwrap_model", "world_size", "global_rank", "per_process_batch_size",
+        "DistributedDataParallel", "SeededDistributedSampler", "barrier", "ddp_device_ids", "init_distributed",
+        "is_distributed", "is_main_process", "per_process_batch_size", "rank_local_buffers", "rank_zero_decides",
+        "unwrap_model", "world_size",
     }
 )  # fmt: skip
+FSDP_ADDED_NAMES = frozenset({"shard_model", "save_full_state_dict", "load_full_state_dict"})
 ACCUMULATION_CONSTANT = "ACCUMULATION_STEPS"
 BATCH_SCALE_CONSTANT = "BATCH_SCALE"
 
@@ -50,6 +53,8 @@ class SourceFacts:
     names: frozenset  # Name identifiers, function, class, parameter and import names
     attributes: frozenset  # `x.name` attribute names
     cuda_strings: int  # string constants that start with "cuda" ("cuda", "cuda:0", f"cuda:{i}")
+    nccl_strings: int  # string constants "nccl", in any case (a process-group backend)
+    zero_subscripts: int  # `x[0]` (also `x[0,]`, `x[False]`)
     local_rank_flag: bool  # a "--local_rank" / "--local-rank" string
     backward_calls: int  # `x.backward(...)`, `manual_backward(...)`, torch.autograd.backward
     training_steps: tuple  # lines of backward calls with a `.step(` in the same function
@@ -141,6 +146,8 @@ class _Walk:
         self.names: set[str] = set()
         self.attributes: set[str] = set()
         self.cuda_strings = 0
+        self.nccl_strings = 0
+        self.zero_subscripts = 0
         self.local_rank_flag = False
         self.backwards: list[tuple[int, int]] = []  # (function index, line)
         self.stepping_functions: set[int] = set()
@@ -182,6 +189,8 @@ class _Walk:
             self._call(node, function)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             self._string(node.value)
+        elif isinstance(node, ast.Subscript):
+            self.zero_subscripts += _is_index_zero(node.slice)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             self._import(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -228,6 +237,8 @@ class _Walk:
     def _string(self, value: str) -> None:
         if value.startswith("cuda"):
             self.cuda_strings += 1
+        elif value.lower() == "nccl":
+            self.nccl_strings += 1
         elif value in LOCAL_RANK_FLAGS:
             self.local_rank_flag = True
 
@@ -283,6 +294,8 @@ class _Walk:
             names=frozenset(self.names),
             attributes=frozenset(self.attributes),
             cuda_strings=self.cuda_strings,
+            nccl_strings=self.nccl_strings,
+            zero_subscripts=self.zero_subscripts,
             local_rank_flag=self.local_rank_flag,
             backward_calls=backward_calls,
             training_steps=steps,
@@ -303,6 +316,12 @@ def _chain(node: ast.AST) -> Optional[tuple[str, str]]:
     if not isinstance(node, ast.Name):
         return None
     return node.id, "".join("." + p for p in reversed(parts))
+
+
+def _is_index_zero(index: ast.AST) -> bool:
+    if isinstance(index, ast.Tuple) and len(index.elts) == 1:
+        index = index.elts[0]
+    return isinstance(index, ast.Constant) and isinstance(index.value, int) and index.value == 0
 
 
 def _is_main_guard(test: ast.AST) -> bool:

@@ -21,7 +21,7 @@ import dataclasses
 from typing import Callable, Mapping, Sequence
 
 from . import vocabulary as v
-from .precheck import ACCUMULATION_CONSTANT, BATCH_SCALE_CONSTANT, DDP_ADDED_NAMES, SourceFacts
+from .precheck import ACCUMULATION_CONSTANT, BATCH_SCALE_CONSTANT, DDP_ADDED_NAMES, FSDP_ADDED_NAMES, SourceFacts
 
 Rule = Callable[[SourceFacts], bool]
 
@@ -42,8 +42,15 @@ def _empty_cache(f: SourceFacts) -> bool:
 
 
 def _device(f: SourceFacts) -> bool:
-    """Something CUDA (`.cuda(`, `torch.cuda.*`, a "cuda..." string), or torch.load."""
-    return f.mentions_cuda() or f.uses(v.TORCH_LOAD)
+    """Something CUDA (`.cuda(`, `torch.cuda.*`, a "cuda..." string), torch.load,
+    a "nccl" backend string, apex, or DistributedDataParallel given `device_ids=`."""
+    return (
+        f.mentions_cuda()
+        or f.uses(v.TORCH_LOAD)
+        or f.nccl_strings > 0
+        or f.apex
+        or ("device_ids" in f.names and f.uses(v.DISTRIBUTED_DATA_PARALLEL))
+    )
 
 
 def _amp(f: SourceFacts) -> bool:
@@ -64,6 +71,11 @@ def _ddp(f: SourceFacts) -> bool:
         or not f.names.isdisjoint(DDP_ADDED_NAMES)
         or f.dataloader_calls > 0
     )
+
+
+def _fsdp(f: SourceFacts) -> bool:
+    """As ddp (fsdp is ddp's codemod with its own wrap), or a name it adds already taken."""
+    return _ddp(f) or not f.names.isdisjoint(FSDP_ADDED_NAMES)
 
 
 def _sync_bn(f: SourceFacts) -> bool:
@@ -87,15 +99,22 @@ def _batch_scale(f: SourceFacts) -> bool:
 
 
 def _modernize(f: SourceFacts) -> bool:
-    """A pre-0.4 idiom can be there: `.data` (`loss.data[0]`), Variable, the
-    old `torch.nn.init` names, or a loss call (its `size_average=`/`reduce=`)."""
+    """A pre-0.4 idiom can be there: `x.data[0]` or a running total of `.data`
+    read as `total[0]`, Variable, `size_average=`/`reduce=`, or an old
+    `torch.nn.init` name."""
     return (
-        "data" in f.attributes
+        ("data" in f.attributes and f.zero_subscripts > 0)
         or f.uses(v.VARIABLE)
         or "Variable" in (f.names | f.attributes)
-        or f.uses_prefix("torch.nn.init.")
-        or any(q.startswith("torch.nn.functional.") or v.is_loss_class(q) for q in f.calls)
+        or not f.names.isdisjoint(v.LEGACY_REDUCTION)
+        or f.uses_where(_deprecated_initialiser)
+        or any(_deprecated_initialiser(m) for m in f.imported_modules)
     )
+
+
+def _deprecated_initialiser(qualified: str) -> bool:
+    module, _, name = qualified.rpartition(".")
+    return module == "torch.nn.init" and name in v.DEPRECATED_INIT
 
 
 def _main_guard(f: SourceFacts) -> bool:
@@ -103,6 +122,22 @@ def _main_guard(f: SourceFacts) -> bool:
     a backward call, or processes started (spawn, Process, Pool)."""
     starts = {"spawn", "Process", "Pool", "start_processes"}
     return f.dataloader_calls > 0 or f.backward_calls > 0 or bool(starts & (f.names | f.attributes))
+
+
+def _training_step(f: SourceFacts) -> bool:
+    """A backward call: tf32, cudnn-benchmark, compile and channels-last act
+    only on a script with a training step (its model, its start)."""
+    return f.backward_calls > 0
+
+
+def _fused_optim(f: SourceFacts) -> bool:
+    """An optimizer constructed (fused-optim looks at torch's Adam, AdamW and SGD)."""
+    return any(v.makes_optimizer(q) for q in f.calls)
+
+
+def _safe_load(f: SourceFacts) -> bool:
+    """torch.load called."""
+    return f.calls_to(v.TORCH_LOAD) > 0
 
 
 RULES: Mapping[str, Rule] = {
@@ -114,9 +149,16 @@ RULES: Mapping[str, Rule] = {
     "device": _device,
     "amp": _amp,
     "ddp": _ddp,
+    "fsdp": _fsdp,
     "sync-bn": _sync_bn,
     "accumulate": _accumulate,
     "batch-scale": _batch_scale,
+    "channels-last": _training_step,
+    "fused-optim": _fused_optim,
+    "compile": _training_step,
+    "tf32": _training_step,
+    "cudnn-benchmark": _training_step,
+    "safe-load": _safe_load,
 }
 
 
@@ -148,7 +190,12 @@ INTRODUCES: Mapping[str, Writes] = {
     ),
     "ddp": Writes(
         references=frozenset(v.DISTRIBUTED_DATA_PARALLEL | v.DISTRIBUTED_SAMPLER),
-        names=DDP_ADDED_NAMES,
+        names=DDP_ADDED_NAMES | {"DistributedSampler"},
+        methods=frozenset({"set_epoch"}),
+    ),
+    "fsdp": Writes(
+        references=frozenset(v.DISTRIBUTED_SAMPLER),
+        names=DDP_ADDED_NAMES | FSDP_ADDED_NAMES | {"DistributedSampler"},
         methods=frozenset({"set_epoch"}),
     ),
     "sync-bn": Writes(references=frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm"})),

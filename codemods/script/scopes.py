@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 from typing import Iterator, Optional, Union
 
 import libcst as cst
@@ -88,9 +89,11 @@ class Index:
         self.scopes: list[Scope] = []
         self.scope_by_node: dict[cst.CSTNode, Scope] = {}  # definition -> the scope it opens
         self.star_imports: list[str] = []
+        self.imports: list[Union[cst.Import, cst.ImportFrom]] = []  # every import statement, in source order
         self.order: dict[cst.CSTNode, int] = {}  # source order of names, attributes, calls, parameters, statements
         self.module_scope = self._new_scope("module", "<module>", module, None)
         self._memo: dict[tuple[int, str], frozenset] = {}
+        self._definitions: dict[tuple[str, Scope], list[Binding]] = {}
         _Walker(self).run()
 
     # -- structure ----------------------------------------------------------------------
@@ -137,6 +140,19 @@ class Index:
     def bindings_of(self, name: str, scope: Scope) -> list[Binding]:
         home = self.home_of(name, scope)
         return home.bindings[name] if home is not None else []
+
+    def definitions_of(self, name: str, scope: Scope) -> list[Binding]:
+        """The `def` and `class` bindings among `bindings_of(name, scope)`:
+        what a call of `name` may run, without a pass over a name's other
+        bindings at every call (a flat script rebinds `model` thousands of times)."""
+        home = self.home_of(name, scope)
+        if home is None:
+            return []
+        key = (name, home)
+        found = self._definitions.get(key)
+        if found is None:
+            found = self._definitions[key] = [b for b in home.bindings[name] if b.kind in ("def", "class")]
+        return found
 
     def names_of(self, name: str, scope: Scope) -> frozenset:
         """The qualified names a use of `name` in `scope` may have."""
@@ -201,6 +217,24 @@ class Lines:
 
 
 _ORDERED = (cst.Name, cst.Attribute, cst.Call, cst.Param, cst.BaseSmallStatement, cst.BaseCompoundStatement)
+_SCOPED = (cst.Name, cst.Call, cst.BaseSmallStatement, cst.BaseCompoundStatement)
+# The nodes `_Walker._visit` acts on: definitions, scopes and bindings.
+_BINDING = (
+    cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Param, *COMPREHENSIONS, cst.Assign, cst.AnnAssign, cst.AugAssign,
+    cst.For, cst.CompFor, cst.WithItem, cst.NamedExpr, cst.ExceptHandler, cst.Global, cst.Nonlocal, cst.Import, cst.ImportFrom,
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def _roles(node_type: type) -> tuple[bool, bool, bool, bool]:
+    """(kept in source order, scope recorded, a call, may bind): asked once a
+    node type, since several of these are abstract classes, slow to test."""
+    return (
+        issubclass(node_type, _ORDERED),
+        issubclass(node_type, _SCOPED),
+        issubclass(node_type, cst.Call),
+        issubclass(node_type, _BINDING),
+    )
 
 
 def _prefix(scope: Scope) -> str:
@@ -224,19 +258,23 @@ class _Walker:
         parents = index.parents
         while self.stack:
             node, scope = self.stack.pop()
-            if isinstance(node, _ORDERED):
+            ordered, scoped, is_call, binds = _roles(type(node))
+            if ordered:
                 index.order[node] = len(index.order)
-            if isinstance(node, (cst.Name, cst.Call, cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            if scoped:
                 index.scope_of_node[node] = scope
-                if isinstance(node, cst.Call):
+                if is_call:
                     scope.calls.append(node)
             kids = children(node)
             for child in kids:
                 parents[child] = node
-            inner = self._visit(node, scope)
+            inner = self._visit(node, scope) if binds else None
             if inner is None:
                 self.stack.extend((child, scope) for child in reversed(kids))
             else:
+                for child, child_scope in inner:
+                    if child_scope is not scope:  # a body, parameters: `scope_of` finds them from any node inside
+                        index.scope_of_node[child] = child_scope
                 self.stack.extend(reversed(inner))
 
     def _visit(self, node: cst.CSTNode, scope: Scope) -> Optional[list]:
@@ -305,6 +343,7 @@ class _Walker:
                 scope.bind(Binding(spelled, kind, target, scope, value=value, statement=statement))
 
     def _import(self, node: Union[cst.Import, cst.ImportFrom], scope: Scope) -> None:
+        self.index.imports.append(node)
         if isinstance(node, cst.Import):
             for alias in node.names:
                 path = dotted_name(alias.name)
@@ -331,14 +370,27 @@ def _split(node: cst.CSTNode, inner: Scope, outer: Scope, inside: tuple) -> list
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    children: list[cst.CSTNode] = []
+    found: list[cst.CSTNode] = []
     for name in _child_fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            children.append(value)
-        elif isinstance(value, (list, tuple)):
-            children.extend(item for item in value if isinstance(item, cst.CSTNode))
-    return children
+        kind = type(value)
+        if kind is list or kind is tuple:
+            found.extend(item for item in value if _is_node_type(type(item)))
+        elif _is_node_type(kind):
+            found.append(value)
+    return found
+
+
+_node_types: dict[type, bool] = {}
+
+
+def _is_node_type(kind: type) -> bool:
+    """issubclass(kind, CSTNode), remembered: CSTNode is an abstract class,
+    and testing one costs far more than a dictionary look-up."""
+    known = _node_types.get(kind)
+    if known is None:
+        known = _node_types[kind] = issubclass(kind, cst.CSTNode)
+    return known
 
 
 def all_params(params: cst.Parameters) -> list[cst.Param]:

@@ -13,6 +13,7 @@ computed from, followed through the function's assignments.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Iterator, Optional, Union
 
@@ -132,6 +133,9 @@ class Steps:
     def __init__(self, index: Index, flow: Flow, entities: Entities, lines: Lines) -> None:
         self.index, self.flow, self.entities, self.lines = index, flow, entities, lines
         order = index.order
+        self._assigned: dict[tuple[str, Scope], list[tuple]] = {}  # memo of `_assigned_events`
+        self._steps_of_scope: dict[Scope, list[OptimizerStep]] = {}  # memo of `_optimizer_steps`
+        self._zero_grads_of_scope: dict[Scope, list[cst.Call]] = {}
         self.training: list[TrainingStep] = []
         self.evaluation: list[EvaluationRegion] = []
         for scope in index.scopes:
@@ -142,11 +146,9 @@ class Steps:
                     backwards.append((call, loss))
                 self._evaluation_call(call, scope)
             if backwards:
-                steps = self._optimizer_steps(scope)
-                positions = sorted(order[call] for call, _ in backwards)
+                steps = _StepsInOrder(self._optimizer_steps(scope), sorted(order[call] for call, _ in backwards), order)
                 for call, loss in backwards:
-                    fed = _steps_after(order[call], steps, positions, order)
-                    self.training.append(self._step(call, loss, scope, fed))
+                    self.training.append(self._step(call, loss, scope, steps.fed_by(order[call])))
         for function in flow.functions.values():
             if any(index.is_qualified(_callee(d.decorator), v.NO_GRAD) for d in function.node.decorators):
                 self.evaluation.append(EvaluationRegion("decorator", function.node, function.scope, lines))
@@ -175,12 +177,12 @@ class Steps:
     def _step(self, backward: cst.Call, operand: cst.BaseExpression, scope: Scope, steps: list) -> TrainingStep:
         step = TrainingStep(backward, self.lines, scope, _loss_name(operand))
         step.optimizer_steps = steps
-        step.zero_grads = [c for c in scope.calls if _method(c) == "zero_grad"]
+        step.zero_grads = list(self._zero_grads(scope))
         if not step.optimizer_steps:
             function = self.flow.function_of(scope)
             for site in function.callers if function is not None else ():
                 step.optimizer_steps.extend(self._optimizer_steps(site.caller))
-                step.zero_grads.extend(c for c in site.caller.calls if _method(c) == "zero_grad")
+                step.zero_grads.extend(self._zero_grads(site.caller))
             step.steps_in_caller = bool(step.optimizer_steps)
         step.models = self._models_of(operand, scope)
         step.loops = self.loops_around(backward)
@@ -189,7 +191,20 @@ class Steps:
             step.called_in_loops.extend(self.loops_around(site.call))
         return step
 
+    def _zero_grads(self, scope: Scope) -> list[cst.Call]:
+        found = self._zero_grads_of_scope.get(scope)
+        if found is None:
+            found = self._zero_grads_of_scope[scope] = [c for c in scope.calls if _method(c) == "zero_grad"]
+        return found
+
     def _optimizer_steps(self, scope: Scope) -> list[OptimizerStep]:
+        """The optimizer steps `scope`'s own code takes, in source order (once per scope)."""
+        found = self._steps_of_scope.get(scope)
+        if found is None:
+            found = self._steps_of_scope[scope] = self._find_optimizer_steps(scope)
+        return found
+
+    def _find_optimizer_steps(self, scope: Scope) -> list[OptimizerStep]:
         found = []
         for call in scope.calls:
             if _method(call) != "step":
@@ -214,21 +229,50 @@ class Steps:
     def _models_of(self, operand: cst.BaseExpression, scope: Scope) -> list[Entity]:
         """The models whose forward the loss is computed from: calls of a model
         in the backward's operand or in the values assigned (in the same
-        function) to the names it reads, followed transitively."""
+        function) to the names it reads, followed transitively, depth first."""
         models: dict[Entity, None] = {}
         seen: set[str] = set()
-        pending = [operand]
+        pending = [self._events(operand, scope)]
         while pending:
-            for node in _attached(pending.pop()):
-                if isinstance(node, cst.Call):
-                    called = node.func.value if _method(node) == "forward" else node.func
-                    entity = self._entity(called, scope)
-                    if entity is not None and entity.kind == "model":
-                        models[entity] = None
-                elif isinstance(node, cst.Name) and node.value not in seen:
-                    seen.add(node.value)
-                    pending.extend(_values_assigned(self.index, node.value, scope))
+            for event in pending.pop():
+                if isinstance(event, str):
+                    if event not in seen:
+                        seen.add(event)
+                        pending.extend(self._assigned_events(event, scope))
+                else:
+                    models[event] = None
         return list(models)
+
+    def _events(self, expression: cst.BaseExpression, scope: Scope) -> tuple:
+        """What `_models_of` meets in an expression, in order: the model of
+        each call of one (an Entity), and each name read (a str)."""
+        events: list = []
+        for node in _attached(expression):
+            if isinstance(node, cst.Call):
+                called = node.func.value if _method(node) == "forward" else node.func
+                entity = self._entity(called, scope)
+                if entity is not None and entity.kind == "model":
+                    events.append(entity)
+            elif isinstance(node, cst.Name):
+                events.append(node.value)
+        return tuple(events)
+
+    def _assigned_events(self, name: str, scope: Scope) -> list[tuple]:
+        """The events of the values assigned to `name` in `scope`, once per
+        (name, scope). Of values with the same events only the last is kept:
+        `_models_of` takes the last first, and the same events again add
+        nothing (a flat script that repeats one block thousands of times
+        stays linear)."""
+        key = (name, scope)
+        found = self._assigned.get(key)
+        if found is None:
+            found = []
+            last: dict[tuple, int] = {}
+            for events in (self._events(value, scope) for value in _values_assigned(self.index, name, scope)):
+                last[events] = len(found)
+                found.append(events)
+            found = self._assigned[key] = [events for i, events in enumerate(found) if last[events] == i]
+        return found
 
     # -- loops ----------------------------------------------------------------------------
 
@@ -271,20 +315,32 @@ class Steps:
             self.evaluation.append(EvaluationRegion(kind, region, scope, self.lines))
 
 
-def _steps_after(backward: int, steps: list, backwards: list, order: dict) -> list:
-    """The optimizer steps that the backward at source position `backward`
-    feeds: the first steps after it, up to the next backward after them (the
-    discriminator's two backwards feed `optimizerD.step()`, the generator's
-    `optimizerG.step()`); all of the function's steps when none comes after it."""
-    later = sorted((s for s in steps if order[s.call] > backward), key=lambda s: order[s.call])
-    if not later:
-        return list(steps)
-    fed = [later[0]]
-    for step in later[1:]:
-        if any(order[fed[-1].call] < b < order[step.call] for b in backwards):
-            break
-        fed.append(step)
-    return fed
+class _StepsInOrder:
+    """A scope's optimizer steps and backward calls by source position."""
+
+    def __init__(self, steps: list, backwards: list, order: dict) -> None:
+        self.steps = sorted(steps, key=lambda s: order[s.call])
+        self.positions = [order[s.call] for s in self.steps]
+        self.backwards = backwards  # sorted positions
+
+    def fed_by(self, backward: int) -> list:
+        """The optimizer steps that the backward at source position `backward`
+        feeds: the first steps after it, up to the next backward after them (the
+        discriminator's two backwards feed `optimizerD.step()`, the generator's
+        `optimizerG.step()`); all of the scope's steps when none comes after it."""
+        first = bisect.bisect_right(self.positions, backward)
+        if first == len(self.steps):
+            return list(self.steps)
+        fed = [self.steps[first]]
+        for at in range(first + 1, len(self.steps)):
+            if self._backward_between(self.positions[at - 1], self.positions[at]):
+                break
+            fed.append(self.steps[at])
+        return fed
+
+    def _backward_between(self, start: int, end: int) -> bool:
+        after = bisect.bisect_right(self.backwards, start)
+        return after < len(self.backwards) and self.backwards[after] < end
 
 
 def _attached(expression: cst.CSTNode) -> Iterator[cst.CSTNode]:

@@ -13,6 +13,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
+from .._base import walk
 from .model import ScriptModel
 from .scopes import Scope
 
@@ -47,35 +48,53 @@ class Uses:
         self._targets = {
             binding.node for scope in model.scopes for bindings in scope.bindings.values() for binding in bindings
         }
+        self._in_imports = {node for statement in model.index.imports for node in walk(statement)}
+        self._reads: dict[str, dict[Scope, list[cst.Name]]] = {}  # name -> home scope -> reads, filled per name
+        self._self_reads: Optional[dict[tuple[cst.ClassDef, str], list[cst.Attribute]]] = None
         self._training_calls: Optional[set] = None
+        self._training_holders: Optional[set] = None
 
     # -- reads ---------------------------------------------------------------------------
 
     def reads(self, name: str, home: Scope) -> list[cst.Name]:
         """The Names that read the binding of `name` in `home`, in source order."""
+        by_home = self._reads.get(name)
+        if by_home is None:
+            by_home = self._reads[name] = self._reads_by_home(name)
+        return list(by_home.get(home, ()))
+
+    def _reads_by_home(self, name: str) -> dict[Scope, list[cst.Name]]:
+        """Every read of `name`, grouped by the scope whose binding it reads:
+        one pass over the name's uses, however many bindings ask."""
         index = self.model.index
-        return [
-            node for node in self.names.get(name, ())
-            if self.is_read(node) and index.home_of(name, index.scope_of(node)) is home
-        ]
+        found: dict[Scope, list[cst.Name]] = {}
+        for node in self.names.get(name, ()):
+            if self.is_read(node):
+                home = index.home_of(name, index.scope_of(node))
+                if home is not None:
+                    found.setdefault(home, []).append(node)
+        return found
 
     def self_attribute_reads(self, klass: cst.ClassDef, attribute: str) -> list[cst.Attribute]:
         """`self.<attribute>` read (not assigned) in the code of `klass`."""
-        found = []
+        if self._self_reads is None:
+            self._self_reads = self._self_attribute_reads_by_class()
+        return list(self._self_reads.get((klass, attribute), ()))
+
+    def _self_attribute_reads_by_class(self) -> dict[tuple[cst.ClassDef, str], list[cst.Attribute]]:
+        """(class, attribute) -> the `self.<attribute>` reads in the class's code
+        (nested classes count for each class around them)."""
+        found: dict[tuple[cst.ClassDef, str], list[cst.Attribute]] = {}
         for name in self.names.get("self", ()):
             parent = self.model.parent(name)
-            if (
-                isinstance(parent, cst.Attribute)
-                and parent.value is name
-                and parent.attr.value == attribute
-                and parent not in self._targets
-                and any(a is klass for a in self.model.ancestors(parent))
-            ):
-                found.append(parent)
+            if isinstance(parent, cst.Attribute) and parent.value is name and parent not in self._targets:
+                for klass in self.model.ancestors(parent):
+                    if isinstance(klass, cst.ClassDef):
+                        found.setdefault((klass, parent.attr.value), []).append(parent)
         return found
 
     def is_read(self, name: cst.Name) -> bool:
-        if name in self._targets:
+        if name in self._targets or name in self._in_imports:
             return False
         parent = self.model.parent(name)
         if isinstance(parent, cst.Attribute) and parent.attr is name:
@@ -84,9 +103,7 @@ class Uses:
             return False
         if isinstance(parent, _NAMED_BY) and parent.name is name:
             return False
-        if isinstance(parent, cst.NameItem):  # global / nonlocal
-            return False
-        return not any(isinstance(a, (cst.Import, cst.ImportFrom)) for a in self.model.ancestors(name))
+        return not isinstance(parent, cst.NameItem)  # global / nonlocal
 
     # -- training ------------------------------------------------------------------------
 
@@ -97,7 +114,13 @@ class Uses:
     def trains(self, node: cst.CSTNode) -> bool:
         """Does running `node` call a backward, in it or through the file's own
         functions it calls (up to FOLLOW_DEPTH calls deep)?"""
-        return any(call is node or any(a is node for a in self.model.ancestors(call)) for call in self.training_calls())
+        if self._training_holders is None:
+            holders = set()
+            for call in self.training_calls():
+                holders.add(call)
+                holders.update(self.model.ancestors(call))
+            self._training_holders = holders
+        return node in self._training_holders
 
     def training_calls(self) -> set:
         """The backward calls, and the calls of the file's functions that lead to one."""

@@ -119,6 +119,13 @@ def is_scheduler(qualified: str) -> bool:
 # Under torch.nn, the modules that hold no layers.
 _NOT_MODULES = ("torch.nn.functional.", "torch.nn.init.", "torch.nn.utils.", "torch.nn.parameter.")
 _NOT_MODULE_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.UninitializedParameter", "torch.nn.Buffer"})
+# The arguments of a loss that `reduction=` replaced.
+LEGACY_REDUCTION = ("size_average", "reduce")
+# The initialisers torch keeps under their pre-0.4 names only as deprecated aliases.
+DEPRECATED_INIT = frozenset(
+    {"uniform", "normal", "constant", "eye", "dirac", "xavier_uniform", "xavier_normal",
+     "kaiming_uniform", "kaiming_normal", "orthogonal", "sparse"}
+)  # fmt: skip
 # Packages whose lower-case functions build models (`torchvision.models.resnet18()`).
 MODEL_FACTORY_PREFIXES = ("torchvision.models.", "timm.create_model", "transformers.AutoModel")
 
