@@ -24,16 +24,41 @@ ORDER = (
     "item",
     "empty-cache",
     "device",
+    "channels-last",
     "amp",
     "ddp",
     "sync-bn",
+    "fsdp",  # after ddp, so that choosing both is refused (AM767); before compile and fused-optim
     "accumulate",
     "batch-scale",
+    # The speed words: channels-last converts the model before ddp wraps it
+    # (DDP's gradient buckets take the parameters' layout); fused-optim and
+    # compile come after ddp and sync-bn (torch recommends compiling the
+    # DistributedDataParallel module); the settings made once at the start,
+    # and safe-load, read the file as the others leave it.
+    "fused-optim",
+    "compile",
+    "tf32",
+    "cudnn-benchmark",
+    "safe-load",
 )
 
 # What `apply` does without --to: the rewrites that never change the arithmetic
 # (modernize makes pre-0.4 code run at all on today's torch).
 DEFAULT_WORDS = ("modernize", "workers", "item", "empty-cache")
+
+# Words that stand for several codemods. `checklist`: the classic speed
+# checklist that is safe on any script: the defaults, one device chosen at
+# run time, and mixed precision (which a CPU run computes in float32). It
+# leaves out what changes how the script is launched or what a step
+# computes (ddp, sync-bn, accumulate, batch-scale), and main-guard, which
+# workers brings in where it is needed. `fast`: the checklist and today's
+# speed codemods, each gated at run time to the GPUs where it pays, with
+# safe-load (torch.load of state dicts without unpickling code).
+PRESETS = {
+    "checklist": ("modernize", "workers", "item", "empty-cache", "device", "amp"),
+}
+PRESETS["fast"] = (*PRESETS["checklist"], "channels-last", "fused-optim", "compile", "tf32", "cudnn-benchmark", "safe-load")
 
 
 class UnknownCodemod(ValueError):
@@ -69,7 +94,8 @@ def words_without_values() -> list[str]:
 
 def parse_words(spec: Iterable[str]) -> dict[str, dict[str, str]]:
     """`["ddp", "accumulate=16"]` or `"ddp,accumulate=16"` -> {word: options}.
-    A `word=value` gives that codemod the option `value`."""
+    A `word=value` gives that codemod the option `value`; a preset word
+    (`checklist`, `fast`) stands for its codemods."""
     if isinstance(spec, str):
         spec = [spec]
     selected: dict[str, dict[str, str]] = {}
@@ -79,7 +105,14 @@ def parse_words(spec: Iterable[str]) -> dict[str, dict[str, str]]:
             if not item:
                 continue
             word, _, value = item.partition("=")
-            options = selected.setdefault(word.strip(), {})
+            word = word.strip()
+            if word in PRESETS:
+                if value:
+                    raise UnknownCodemod(f"the preset {word!r} takes no value")
+                for member in PRESETS[word]:
+                    selected.setdefault(member, {})
+                continue
+            options = selected.setdefault(word, {})
             if value:
                 options["value"] = value.strip()
     return selected
@@ -126,4 +159,4 @@ def find(code_or_word: str) -> Optional[type[Codemod]]:
     return None
 
 
-__all__ = ["Codemod", "DEFAULT_WORDS", "Finding", "ORDER", "UnknownCodemod", "all_codemods", "find", "parse_words", "resolve", "words_without_values"]
+__all__ = ["Codemod", "DEFAULT_WORDS", "Finding", "ORDER", "PRESETS", "UnknownCodemod", "all_codemods", "find", "parse_words", "resolve", "words_without_values"]

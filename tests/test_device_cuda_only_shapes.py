@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.codemods.script.vocabulary import DEVICE_FACTORIES
 from accelmigrate.engine import migrate_source
 
 from conftest import run_python
@@ -282,10 +281,8 @@ def prepare(tmp_path: Path, name: str, source: str) -> Path:
 def test_a_cuda_only_script_runs_on_a_cpu_after_device_and_amp(tmp_path, name):
     cuda_only, by_hand, how = SHAPES[name]
     migration = migrate_source(cuda_only, PLAN, f"{name}.py")
-    # `amp` finds `device = device_at(rank)` once the script model counts device_at as a device factory.
-    pending = how == "spawn" and "accelmigrate.runtime.device.device_at" not in DEVICE_FACTORIES
     unfixed = [f"{f.line} {f.code} {f.message}" for f in migration.findings if not f.fixed]
-    assert unfixed == [] or pending and [u.split()[1] for u in unfixed] == ["AM413"], unfixed
+    assert unfixed == [], unfixed
     original = prepare(tmp_path, "original", cuda_only)
     one_process = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}
     before = run_python(original, free_port(), env=one_process) if how != "python" else run_python(original)
@@ -296,5 +293,3 @@ def test_a_cuda_only_script_runs_on_a_cpu_after_device_and_amp(tmp_path, name):
     assert final_loss(launch(migrated, how, "fp32", port=free_port())) == reference  # printed with 6 decimals
     bf16 = final_loss(launch(migrated, how, "bf16", port=free_port()))
     assert abs(bf16 - reference) <= BF16_TOLERANCE * abs(reference)
-    if pending:
-        pytest.xfail("runs on a CPU, but without autocast until DEVICE_FACTORIES holds device_at")

@@ -61,7 +61,12 @@ AMP_PREFIXES = ("torch.amp.", "torch.cuda.amp.", "torch.cpu.amp.")
 AMP_NAMES = frozenset({"autocast", "GradScaler", "custom_fwd", "custom_bwd"})
 
 DEVICE_FACTORIES = frozenset(
-    {"torch.device", "accelmigrate.runtime.device.get_device", "accelmigrate.runtime.get_device"}
+    {
+        "torch.device",
+        "accelmigrate.runtime.device.get_device",
+        "accelmigrate.runtime.get_device",
+        "accelmigrate.runtime.device.device_at",  # a process's own GPU, or the runtime's device
+    }
 )
 
 VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
