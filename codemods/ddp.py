@@ -200,7 +200,9 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM530": "name needed by the migrated code already used",
         "AM531": "no entry point in this file to join the process group from",
     }
-    notes = frozenset({"AM524"})
+    # AM526: the script already sets up torch.distributed itself (or ddp's own
+    # output does); nothing in it to change, only to launch.
+    notes = frozenset({"AM524", "AM526"})
     triggers = ("DataParallel", "DataLoader", "optim", "local_rank", "local-rank", "backward")
 
     @classmethod

@@ -131,7 +131,15 @@ def test_rank_zero_output_is_one_finding_per_file():
 
 def test_information_only_codes_are_notes():
     ddp = all_codemods()["ddp"]
-    assert ddp.notes == {"AM524"} and "AM524" in ddp.codes
+    assert ddp.notes == {"AM524", "AM526"} and ddp.notes <= set(ddp.codes)
+
+
+def test_an_already_distributed_script_passes_check():
+    source = (SCRIPTS / "dp_runtime_check.py").read_text()
+    findings = migrate_source(source, [("ddp", {})], "already.py").findings
+    ddp = all_codemods()["ddp"]
+    assert "AM526" in [f.code for f in findings]
+    assert not [f for f in findings if not f.fixed and f.code not in ddp.notes]
 
 
 # -- the runtime ------------------------------------------------------------------------

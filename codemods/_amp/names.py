@@ -16,7 +16,9 @@ from .plan import APEX_INITIALIZE, CPU, Problem, Ref, is_block
 
 # What an assignment binds, for the codemod: "device", "optimizer", "apex"
 # (`model, optimizer = amp.initialize(...)`), "scheduler", "plain" (a
-# constant, None), or "unknown" (a call that may return anything).
+# constant, None), "other" (an instance of a plain class of this file, an
+# environment, a replay buffer: never an optimizer), or "unknown" (a call
+# that may return anything).
 _KNOWN_KINDS = ("device", "optimizer", "scheduler")
 # `device = torch.accelerator.current_accelerator()` (after `is_available()`): a torch.device.
 ACCELERATOR_DEVICE = frozenset({"torch.accelerator.current_accelerator"})
@@ -136,7 +138,46 @@ class Resolution:
         if self.facts.is_parameter_device(value) or self.script.is_call_to(value, ACCELERATOR_DEVICE):
             return "device"
         kind = self.script.kind_of(value) if isinstance(value, cst.Call) else None
-        return kind if kind in _KNOWN_KINDS else "unknown"
+        if kind in _KNOWN_KINDS:
+            return kind
+        return "other" if self.makes_plain_instance(value) else "unknown"
+
+    def makes_plain_instance(self, value: cst.BaseExpression) -> bool:
+        """`Corridor()`, `ReplayMemory(500)`: a class of this file, built from
+        constants alone, that derives from nothing but `object` (and the file's
+        other such classes) and neither builds a model or an optimizer nor
+        touches gradients. Its `step` is no optimizer's (a hand-written SGD
+        class receives the parameters, or reads `.grad`)."""
+        if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+            return False
+        if not all(self.value_kind(argument.value) == "plain" and not argument.star for argument in value.args):
+            return False
+        return self.is_plain_class_name(value.func.value, self.script.index.scope_of(value), set())
+
+    def is_plain_class_name(self, name: str, scope, seen: set) -> bool:
+        definitions = self.script.index.bindings_of(name, scope)  # a class, never rebound
+        if len(definitions) != 1 or definitions[0].kind != "class" or definitions[0].node in seen:
+            return False
+        klass = definitions[0].node
+        seen.add(klass)
+        if klass.keywords or klass.decorators or self.may_train(klass):
+            return False  # a metaclass or a decorator may make it anything
+        outer = self.script.index.scope_by_node[klass].parent
+        return all(
+            isinstance(base.value, cst.Name)
+            and not base.keyword
+            and (base.value.value == "object" or self.is_plain_class_name(base.value.value, outer, seen))
+            for base in klass.bases
+        )
+
+    def may_train(self, klass: cst.ClassDef) -> bool:
+        """The class builds a model or an optimizer, or reads gradients."""
+        for node in walk(klass):
+            if isinstance(node, cst.Attribute) and node.attr.value == "grad":
+                return True
+            if isinstance(node, cst.Call) and self.script.kind_of(node) in ("model", "optimizer"):
+                return True
+        return False
 
     def assignment_line(self, binding) -> Optional[cst.SimpleStatementLine]:
         """The line of a plain `target = value` (unpacking allowed) that makes the binding."""
@@ -284,9 +325,9 @@ class Resolution:
 
     def is_known_other(self, receiver: cst.BaseExpression, site: cst.CSTNode) -> bool:
         """`receiver` is bound only to things that are not optimizers: a
-        learning-rate scheduler, None. (Anything else built by a call may be an
+        learning-rate scheduler, None, an instance of a plain class of the file. (Anything else built by a call may be an
         optimizer from a factory, whose step must go through the scaler.)"""
-        return self.resolve_ref(receiver, site, ("scheduler", "plain")) is not None
+        return self.resolve_ref(receiver, site, ("scheduler", "plain", "other")) is not None
 
     # -- torch's name here ------------------------------------------------------------------
 

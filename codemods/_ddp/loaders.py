@@ -12,6 +12,7 @@ import libcst as cst
 
 from .._base import append_keyword_args, has_star_args, keyword_arg, walk
 from ..script import vocabulary as v
+from ..script.workers_facts import KwargsDict, workers_facts
 from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
@@ -24,6 +25,9 @@ LR_SCHEDULERS_WITH_LR = frozenset(
     {"torch.optim.lr_scheduler.OneCycleLR", "torch.optim.lr_scheduler.CyclicLR"}
 )
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+# What the sampler rewrite reads or replaces: a `**kwargs` dict holding none of
+# them (`{"num_workers": 1, "pin_memory": True} if cuda else {}`) leaves it alone.
+SHARDING_ARGUMENTS = frozenset({"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "generator"})
 
 
 class LoaderSharding(ScriptQueries):
@@ -77,7 +81,7 @@ class LoaderSharding(ScriptQueries):
                 self.report(problem.node, problem.code, problem.message)
 
     def _plan_training_loader(self, call: cst.Call) -> None:
-        if has_star_args(call):
+        if has_star_args(call) and not self._kwargs_leave_sharding_alone(call):
             raise CannotMigrate(
                 call, "AM523",
                 "training DataLoader with `*args`/`**kwargs`: pass `sampler=SeededDistributedSampler(dataset, shuffle=...)` "
@@ -90,7 +94,7 @@ class LoaderSharding(ScriptQueries):
                     f"training DataLoader with its own `{name}=`: it must give each rank a different share of "
                     f"the data (see DistributedSampler), or every rank trains on the same samples",
                 )
-        positional = [a for a in call.args if a.keyword is None]
+        positional = [a for a in call.args if a.keyword is None and not a.star]
         if len(positional) > 2:
             raise CannotMigrate(call, "AM523", "DataLoader with more than two positional arguments: name them, then run ddp again")
         dataset = positional[0] if positional else keyword_arg(call, "dataset")
@@ -133,6 +137,12 @@ class LoaderSharding(ScriptQueries):
 
         self._step(call, "AM504", message, apply)
 
+    def _kwargs_leave_sharding_alone(self, call: cst.Call) -> bool:
+        """`DataLoader(ds, batch_size=b, shuffle=True, **kwargs)` where every key
+        `kwargs` may hold shows, and none is one the sampler rewrite reads."""
+        found = workers_facts(self.script).kwargs_dict(call, lambda c: self.is_call_to(c, v.DATALOADER))
+        return isinstance(found, KwargsDict) and not any(e.key in SHARDING_ARGUMENTS for e in found.entries)
+
     def _sampler_generator(self, call: cst.Call) -> str:
         """`, generator=g` when the DataLoader shuffles with its own generator:
         the sampler must draw from that same generator object."""
@@ -150,7 +160,7 @@ class LoaderSharding(ScriptQueries):
     def _rewrite_loader(self, call: cst.Call, sampler_code: str, hoisted: Optional[str]) -> cst.Call:
         sampler = cst.parse_expression(sampler_code, config=self._config)
         args = list(call.args)
-        positional = [i for i, a in enumerate(args) if a.keyword is None]
+        positional = [i for i, a in enumerate(args) if a.keyword is None and not a.star]
         dataset_index = positional[0] if positional else next(i for i, a in enumerate(args) if keyword_of(a) == "dataset")
         batch_index = positional[1] if len(positional) > 1 else next(i for i, a in enumerate(args) if keyword_of(a) == "batch_size")
         if hoisted is not None:
