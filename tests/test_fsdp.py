@@ -344,3 +344,14 @@ def test_accumulation_on_sharded_models_syncs_once_per_step_and_matches_one_proc
     assert [p.exitcode for p in processes] == [0, 0]
     for key, value in model.state_dict().items():
         assert torch.allclose(sharded[key], value, atol=1e-6), key
+
+
+def test_ddp_leaves_a_sharded_script_alone():
+    """A script `fsdp` migrated already trains on many processes: ddp must
+    not wrap DistributedDataParallel around the sharded model."""
+    case = Path(__file__).resolve().parent.parent / "fixtures" / "fsdp" / "flat_mlp.py"
+    sharded = migrate_source(case.read_text(), [("fsdp", {})], str(case)).code
+    assert "shard_model(net)" in sharded
+    again = migrate_source(sharded, [("ddp", {})], str(case))
+    assert "DistributedDataParallel(" not in again.code
+    assert [f.code for f in again.findings if f.code == "AM526"] == ["AM526"]

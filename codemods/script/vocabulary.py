@@ -26,6 +26,10 @@ ALREADY_DISTRIBUTED = DISTRIBUTED_DATA_PARALLEL | DISTRIBUTED_SAMPLER | {
     "torch.distributed.init_process_group",
     "torch.multiprocessing.spawn",
     "torch.multiprocessing.start_processes",
+    # sharded training: a script `fsdp` migrated, or one written for FSDP
+    "accelmigrate.runtime.sharding.shard_model",
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp.FullyShardedDataParallel",
 }
 
 EMPTY_CACHE = frozenset({"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"})
