@@ -77,7 +77,7 @@ class Resolution:
 
     def calls_within(self, unit: cst.CSTNode) -> list:
         """The calls that run inside `unit` (a loop, function or the module), in the same function."""
-        return [c for c in self.facts.calls_in(unit) if self.within(c, unit)]
+        return self.facts.calls_running_in(unit)
 
     def statement_in_unit(self, node: cst.CSTNode, unit: cst.CSTNode) -> cst.BaseStatement:
         """The innermost statement holding `node` that runs once per iteration

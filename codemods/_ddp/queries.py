@@ -21,6 +21,9 @@ from .common import Var, last_name
 class ScriptQueries(Codemod):
     """Questions about the script being migrated, for the parts of ddp."""
 
+    _manual_updates_of = None  # the uses of the file version `_manual_update_calls` was found in
+    _manual_update_calls: list = []
+
     def _target_var(self, target: cst.BaseExpression) -> Optional[Var]:
         if isinstance(target, cst.Name):
             index = self.script.index
@@ -171,7 +174,13 @@ class ScriptQueries(Codemod):
     def _manual_updates(self) -> list[cst.Call]:
         """`for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)` (or
         `p -= lr * p.grad`): the `model.parameters()` of each loop that updates
-        the parameters from their gradients by hand."""
+        the parameters from their gradients by hand. Found once per file
+        version: every trained model asks."""
+        if self._manual_updates_of is not self._uses:
+            self._manual_update_calls, self._manual_updates_of = self._find_manual_updates(), self._uses
+        return self._manual_update_calls
+
+    def _find_manual_updates(self) -> list[cst.Call]:
         found = []
         for call in self._uses.calls:
             loop = self.parent(call)

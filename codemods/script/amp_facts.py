@@ -48,6 +48,9 @@ _DTYPES = frozenset(
 )  # fmt: skip
 _ACCELERATOR_STRINGS = ("cuda", "mps", "xpu")
 
+# Where the code that runs in a loop stops: nested code runs when called.
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
 _latest: list = [None, None]  # [model, facts]: one file version at a time
 
 
@@ -65,6 +68,7 @@ class AmpFacts:
         }
         self._names_a_device: Optional[bool] = None
         self._parameter_devices: Optional[set] = None
+        self._running_in: Optional[dict] = None
 
     def calls_in(self, node: cst.CSTNode) -> list[cst.Call]:
         """The calls that the code of the function (or module) holding `node`
@@ -78,6 +82,25 @@ class AmpFacts:
             found.extend(current.calls)
             pending.extend(self.nested.get(current, ()))
         return sorted(found, key=self.model.index.order.__getitem__)
+
+    def calls_running_in(self, unit: cst.CSTNode) -> list[cst.Call]:
+        """The calls that run inside `unit` (a loop, a function, a class, a
+        lambda or the module) in its own function, in source order: those
+        with `unit` among their ancestors up to the first definition."""
+        if self._running_in is None:
+            self._running_in = self._index_calls_by_unit()
+        return self._running_in.get(unit, [])
+
+    def _index_calls_by_unit(self) -> dict:
+        """One walk up from each call, so that asking for every training
+        loop of a long flat script stays linear in its size."""
+        running_in: dict = {}
+        for call in self.calls:
+            for ancestor in self.model.ancestors(call):
+                running_in.setdefault(ancestor, []).append(call)
+                if isinstance(ancestor, _DEFINITIONS):
+                    break
+        return running_in
 
     def order(self, node: cst.CSTNode) -> int:
         """Where `node` starts, as a rank in source order."""
