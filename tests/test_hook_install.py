@@ -32,7 +32,7 @@ def requirement_names(requirements):
 def test_torch_is_an_extra_not_a_dependency():
     project = PYPROJECT["project"]
     assert "torch" not in requirement_names(project["dependencies"])
-    assert project["optional-dependencies"]["torch"] == ["torch>=2.1"]
+    assert project["optional-dependencies"]["torch"] == ["torch>=2.3"]
     assert "accelmigrate[torch]" in project["optional-dependencies"]["dev"]  # the tests run scripts
 
 
