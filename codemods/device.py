@@ -61,9 +61,17 @@ What it does
       `with torch.cuda.device(i):`), plain "cuda" means that GPU:
       `device_at()`, the current GPU. A function whose placements all name its
       own index parameter binds `device = device_at(rank)` once at its top;
+      one whose index is a local bound once (`local_rank = setup()`), or a
+      flat script's `args.gpu` that nothing assigns again, binds it right
+      after that assignment;
     - `DistributedDataParallel(model, device_ids=[i], output_device=i)` ->
       `device_ids=ddp_device_ids(model)`: the model's GPU, None on the CPU
-      (which refuses GPU device_ids); `output_device` defaults to it;
+      (which refuses GPU device_ids); `output_device` defaults to it. For a
+      module moved in the call itself (`DDP(net.cuda(i), device_ids=[i])`):
+      `device_ids=device_ids_for(device_at(i))`, the GPU it was moved to;
+    - a string device (`"cuda" if ... else "cpu"`) that is only passed on as
+      a device, also through a parameter of a function of the file that only
+      places with it (`train(model, device)`), -> `get_device()`;
     - an apex import behind `try: ... except ImportError: raise` whose names
       nothing reads is removed: it only made the script refuse to run without
       apex. (`from apex import amp` in use is the `amp` codemod's.)
@@ -229,9 +237,11 @@ class Device(DeviceValues, Placement, CallPlans, PerProcessPlans, BackendPlans, 
         self._uses_runtime = False
         self._device_at_sites: dict[cst.CSTNode, str] = {}  # may be placed with device_at(<index code>)
         self._placed_at: list[cst.CSTNode] = []  # placed with device_at()
-        self._device_bound_in: dict[cst.FunctionDef, str] = {}  # functions that bind `device = device_at(...)`
+        self._device_bound_in: dict[cst.CSTNode, str] = {}  # functions (or the module) that bind `device = device_at(...)`
+        self._bind_after: dict[cst.CSTNode, str] = {}  # statement -> the `device = device_at(...)` line that follows it
         self._import_in_guard = False  # SELF_TEST: `from ... import get_device` at the top of the guard
         self._several_gpus = False  # the file names a GPU other than 0
+        self._followed_params: set[cst.Param] = set()  # parameters whose reads are being classified
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -523,12 +533,14 @@ class Device(DeviceValues, Placement, CallPlans, PerProcessPlans, BackendPlans, 
         body = list(updated_node.body if body is None else body)
         if self._binding_at_top:
             body.insert(after_docstring_and_future(body), binding_line(self._binding_name, self._get_device_name))
-        return updated_node.with_changes(body=body)
+        updated_node = updated_node.with_changes(body=body)
+        index = self._device_bound_in.get(original_node)
+        return updated_node if index is None else self._bind_device(updated_node, index)
 
     def _rewrite_body(self, originals, updated) -> Optional[list]:
         """Unwrap, remove and insert statements of one body (matched by the
         original nodes); None when nothing in it changes."""
-        touched = self._unwrapped | self._removed | ({self._anchor} if self._anchor is not None else set())
+        touched = self._unwrapped | self._removed | self._bind_after.keys() | ({self._anchor} if self._anchor is not None else set())
         if touched.isdisjoint(originals):
             return None
         result: list = []
@@ -536,4 +548,6 @@ class Device(DeviceValues, Placement, CallPlans, PerProcessPlans, BackendPlans, 
             result.extend(unwrap(new) if old in self._unwrapped else [new])
             if old is self._anchor:
                 result.append(binding_line(self._binding_name, self._get_device_name))
+            if old in self._bind_after:
+                result.append(cst.parse_statement(self._bind_after[old]))
         return remove_statements(result, {new for old, new in zip(originals, updated) if old in self._removed})

@@ -13,6 +13,10 @@ lands on the same GPU as everything placed with `.to(device)`.
 (GPU `index`, or the current GPU for None), and the runtime's device
 elsewhere: a script that computes the GPU of each process (`mp.spawn`
 workers' `.cuda(rank)`) keeps its GPUs and runs on a CPU.
+
+`device_ids_for(device)` is DistributedDataParallel's `device_ids` for a
+module just moved to `device`: its GPU, or None off CUDA (where DDP refuses
+GPU ids).
 """
 
 from __future__ import annotations
@@ -55,6 +59,15 @@ def device_at(index: Optional[Union[int, str, torch.device]] = None) -> torch.de
     if isinstance(index, int):
         return torch.device("cuda", index)
     return torch.device(index)
+
+
+def device_ids_for(device: torch.device) -> Optional[list[int]]:
+    """`device_ids` of a module placed on `device`: [its GPU] on CUDA (the
+    current GPU when no index is given), None elsewhere."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
 def _mps_available() -> bool:

@@ -21,6 +21,7 @@ from .literals import (
 
 DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 DDP_DEVICE_IDS = "accelmigrate.runtime.distributed.ddp_device_ids"
+DEVICE_IDS_FOR = "accelmigrate.runtime.device.device_ids_for"
 
 
 class PerProcessPlans:
@@ -66,44 +67,95 @@ class PerProcessPlans:
                 return
         self._plan_computed(definition.value, "device of a GPU index computed at run time")
 
-    # One binding per function.
+    # One binding per function (or per flat script).
 
     def _plan_device_bindings(self) -> None:
-        """A function whose placements all name the same GPU, its own parameter
-        (`def worker(rank, ...)`) or the current one, binds `device =
-        device_at(rank)` once at its top and places with `device`, as code
+        """A function whose placements all name the same GPU (its own parameter
+        `def worker(rank, ...)`, a local bound once `local_rank = setup()`, or
+        the current one), or a flat script whose placements all name
+        `args.gpu`, binds `device = device_at(<index>)` once (at the top, or
+        right after the index is bound) and places with `device`, as code
         written by hand would (and as the `amp` codemod needs)."""
-        by_function: dict = {}
+        by_scope: dict = {}
         for site in self._placed_at:
-            function = next((a for a in self.ancestors(site) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
-            by_function.setdefault(function, set()).add(self._device_at_sites[site])
-        for function, indices in by_function.items():
+            owner = next((a for a in self.ancestors(site) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+            by_scope.setdefault(owner, set()).add(self._device_at_sites[site])
+        for owner, indices in by_scope.items():
             index = next(iter(indices))
-            if isinstance(function, cst.FunctionDef) and len(indices) == 1 and self._may_bind_device(function, index):
-                self._device_bound_in[function] = index
+            if len(indices) != 1 or isinstance(owner, cst.Lambda):
+                continue
+            owner = self._module if owner is None else owner
+            after = self._binding_point(owner, index)
+            if after is not None:
+                self._device_bound_in[owner] = index
+                if after is not owner:
+                    self._bind_after[after] = f"device = device_at({index})\n"
 
-    def _may_bind_device(self, function: cst.FunctionDef, index: str) -> bool:
-        """No variable `device` in `function`, and `index` (if any) is its parameter, never rebound."""
-        if any(isinstance(node, cst.Name) and node.value == "device" and not self._names_a_field(node) for node in walk(function)):
-            return False
+    def _binding_point(self, owner, index: str):
+        """Where `device = device_at(index)` may go in `owner` (a function or the
+        module): `owner` itself for its top, a statement of its body to go
+        right after, or None when it may not be bound once."""
+        if any(isinstance(owner, cst.Module) or owner in self.ancestors(site) for site in self._fallback_sites):
+            return None  # those sites read the added module-level `device`
+        if any(isinstance(node, cst.Name) and node.value == "device" and not self._names_a_field(node) for node in walk(owner)):
+            return None
         if not index:
-            return True
-        scope = self.script.index.scope_by_node.get(function)
-        bindings = scope.bindings.get(index, ()) if scope is not None else ()
-        return bool(bindings) and all(b.kind == "param" for b in bindings)
+            return owner if isinstance(owner, cst.FunctionDef) else None
+        root = _root_name(cst.parse_expression(index))
+        if root is None:
+            return None  # a computed index (`rank % 8`)
+        scope = self.script.index.scope_by_node.get(owner)
+        bindings = scope.bindings.get(root, ()) if scope is not None else ()
+        if index == root and bindings and all(b.kind == "param" for b in bindings) and isinstance(owner, cst.FunctionDef):
+            return owner
+        field = index[len(root):]  # `.gpu` of `args.gpu`: never assigned, under any name
+        if field and any(name.endswith(field) for s in self.script.index.scopes for name in s.bindings):
+            return None
+        if len(bindings) != 1 or bindings[0].kind != "assign":
+            return None
+        return self._statement_before_sites(owner, bindings[0].node, index)
+
+    def _statement_before_sites(self, owner, target: cst.CSTNode, index: str):
+        """The statement of `owner`'s body that binds `target`, when every
+        placement with `index` in `owner` lies in a later statement of that body
+        (straight-line code: the binding has run by then, and runs once)."""
+        body = list(owner.body) if isinstance(owner, cst.Module) else list(owner.body.body)
+        binding = self._top_statement(target, body)
+        if binding is None:
+            return None
+        position = body.index(binding)
+        sites = [s for s in self._placed_at if self._device_at_sites[s] == index and self._in_scope_of(s, owner)]
+        later = all((top := self._top_statement(s, body)) is not None and body.index(top) > position for s in sites)
+        return binding if later else None
+
+    def _top_statement(self, node: cst.CSTNode, body: list):
+        for ancestor in (node, *self.ancestors(node)):
+            if any(ancestor is statement for statement in body):
+                return ancestor
+        return None
+
+    def _in_scope_of(self, site: cst.CSTNode, owner) -> bool:
+        function = next((a for a in self.ancestors(site) if isinstance(a, (cst.FunctionDef, cst.Lambda))), None)
+        return function is owner or (function is None and isinstance(owner, cst.Module))
 
     def _names_a_field(self, name: cst.Name) -> bool:
         """`x.device` or `f(device=...)`: the word, not the variable."""
         parent = self.parent(name)
         return (isinstance(parent, cst.Attribute) and parent.attr is name) or (isinstance(parent, cst.Arg) and parent.keyword is name)
 
-    def _bind_device(self, function: cst.FunctionDef, index: str) -> cst.FunctionDef:
-        """`device = device_at(index)` at the top of `function`, and `device` at its placements."""
-        body = function.body.visit(_DeviceAtCalls(index))
+    def _bind_device(self, owner, index: str):
+        """`device` at the placements with `device_at(index)` of `owner`, and
+        `device = device_at(index)` at the top of a function that binds it there
+        (elsewhere `_rewrite_body` put it after the index's binding)."""
+        if isinstance(owner, cst.Module):
+            return owner.visit(_DeviceAtCalls(index))
+        body = owner.body.visit(_DeviceAtCalls(index))
+        if any(isinstance(statement, cst.SimpleStatementLine) and _binds_device(statement) for statement in body.body):
+            return owner.with_changes(body=body)
         statements = list(body.body)
         at = 1 if statements and is_docstring(statements[0]) else 0
         line = cst.parse_statement(f"device = device_at({index})\n")
-        return function.with_changes(body=body.with_changes(body=[*statements[:at], line, *statements[at:]]))
+        return owner.with_changes(body=body.with_changes(body=[*statements[:at], line, *statements[at:]]))
 
     # DistributedDataParallel's device_ids.
 
@@ -121,6 +173,9 @@ class PerProcessPlans:
         model = args[0].value
         output = keyword_arg(call, "output_device")
         only = ids.value.elements[0].value
+        if self._placed_here_at(model, only) and (output is None or output.value.deep_equals(only)):
+            self._plan_ids_of_placement(call, ids.value, only, output)
+            return
         if not isinstance(model, (cst.Name, cst.Attribute)) or (output is not None and not output.value.deep_equals(only)):
             self.report(ids.value, "AM316", DDP_IDS_ADVICE)
             return
@@ -131,6 +186,25 @@ class PerProcessPlans:
             self.add_import("accelmigrate.runtime.distributed", "ddp_device_ids")
             replacement = cst.parse_expression(f"ddp_device_ids({code_of(model)})")
             self._edits[ids.value] = lambda updated: replacement
+            if output is not None:
+                self._edits[call] = lambda updated: updated.with_changes(args=without_keyword(updated.args, "output_device"))
+
+
+    def _placed_here_at(self, model: cst.BaseExpression, index: cst.BaseExpression) -> bool:
+        """`DistributedDataParallel(<module>.cuda(i), device_ids=[i])`: the
+        module is moved, in the call itself, to `device_at(i)`."""
+        return model in self._placed_at and self._device_at_sites[model] == code_of(index)
+
+    def _plan_ids_of_placement(self, call: cst.Call, ids: cst.List, index: cst.BaseExpression, output) -> None:
+        """`device_ids=[i]` -> `device_ids=device_ids_for(device_at(i))`: the GPU
+        that the module was just moved to, None off CUDA."""
+        if not self._runtime_name_free(call, "device_ids_for", DEVICE_IDS_FOR):
+            self.report(ids, "AM316", DDP_IDS_ADVICE + " (`device_ids_for` means something else here)")
+            return
+        replacement = cst.parse_expression(f"device_ids_for(device_at({code_of(index)}))")
+        if self.fix(ids, "AM316", f"`device_ids=[{code_of(index)}]` -> `device_ids=device_ids_for(device_at({code_of(index)}))`: the GPU the module is moved to, None off CUDA"):
+            self.add_import("accelmigrate.runtime.device", "device_ids_for")
+            self._edits[ids] = lambda updated: replacement
             if output is not None:
                 self._edits[call] = lambda updated: updated.with_changes(args=without_keyword(updated.args, "output_device"))
 
@@ -157,11 +231,31 @@ class _DeviceAtCalls(cst.CSTTransformer):
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         return False
 
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        return not _assigns_device(node)  # the binding itself
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         func = updated_node.func
         if isinstance(func, cst.Name) and func.value == "device_at" and code_of_args(updated_node) == self.index:
             return cst.Name("device", lpar=updated_node.lpar, rpar=updated_node.rpar)
         return updated_node
+
+
+def _root_name(index: cst.BaseExpression):
+    """`rank` of `rank`, `args` of `args.gpu`; None for a computed index."""
+    if isinstance(index, cst.Name):
+        return index.value
+    if isinstance(index, cst.Attribute):
+        return _root_name(index.value)
+    return None
+
+
+def _assigns_device(node: cst.Assign) -> bool:
+    return len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and node.targets[0].target.value == "device"
+
+
+def _binds_device(line: cst.SimpleStatementLine) -> bool:
+    return any(isinstance(small, cst.Assign) and _assigns_device(small) for small in line.body)
 
 
 def code_of_args(call: cst.Call) -> str:

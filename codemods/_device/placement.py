@@ -201,4 +201,27 @@ class Placement:
             return "text"
         if self.is_call_to(call, {"torch.device"}) or (method_name(call) == "to" and call.args[0] is parent):
             return "device"
-        return None
+        return self._use_in_callee(call, node)
+
+    def _use_in_callee(self, call: cst.Call, node: cst.CSTNode) -> Optional[str]:
+        """`f(model, device)` of a function `f` of this file: how `f` reads the
+        parameter that receives it. "device" when only as a device (and at most
+        printed), so a torch.device in its place behaves the same; else None."""
+        found = self.script.flow.callee(call, self.script.scope_of(call))
+        site = next((c for c in found[0].callers if c.call is call), None) if found is not None else None
+        if site is None or not site.complete:
+            return None
+        name = next((p for p, value in site.arguments.items() if value is node), None)
+        function = found[0].node
+        params = function.params
+        param = next((p for p in (*params.posonly_params, *params.params, *params.kwonly_params) if p.name.value == name), None)
+        if param is None or param in self._followed_params:
+            return None  # recursion: its reads are being decided
+        if any(b.kind != "param" for b in self.script.index.scope_by_node[function].bindings.get(name, ())):
+            return None  # rebound inside: its reads are not all of the passed value
+        self._followed_params.add(param)
+        try:
+            uses = self._parameter_uses(param)
+        finally:
+            self._followed_params.discard(param)
+        return "device" if uses is not None and None not in uses and "device" in uses else None
