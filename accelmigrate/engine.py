@@ -23,6 +23,7 @@ program that CPython itself accepts is deep enough to be handled.
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 import difflib
 import io
@@ -32,6 +33,7 @@ import sys
 import threading
 import tokenize
 import traceback
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -40,6 +42,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.codemod.visitors._add_imports import _skip_first  # the visitor's own test for a leading docstring
 from libcst.metadata import MetadataWrapper
 
 from accelmigrate import indentation
@@ -166,7 +169,7 @@ def _run_one(
         codemod = cls(context, options, suppressions)
         tree = wrapper.visit(codemod)
         if codemod.imports_changed:
-            tree = AddImportsVisitor(context).transform_module(tree)
+            tree = add_imports(context, tree)
             if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
                 tree = RemoveImportsVisitor(context).transform_module(tree)
     except Exception as error:  # a bug in one codemod must not cost the others
@@ -175,6 +178,30 @@ def _run_one(
         return wrapper.module, [failure], False
     changed = codemod.imports_changed or any(f.fixed for f in codemod.findings)
     return tree, codemod.findings, changed
+
+
+def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
+    """What LibCST's AddImportsVisitor makes of `tree`, from a pass over only
+    the statements it reads or changes: a leading docstring (or `__strict__`),
+    the imports that follow it (those it extends and inserts after) and the
+    first statement after them (which gets an empty line above it). It copies
+    and visits the whole module, and a script's statements after its imports
+    are most of it; they are put back as they are."""
+    end = 1 if _skip_first(tree) else 0
+    while end < len(tree.body) and _is_import_line(tree.body[end]):
+        end += 1
+    head = tree.with_changes(body=tree.body[: end + 1])
+    added = AddImportsVisitor(context).transform_module(head)
+    return added.with_changes(body=[*added.body, *tree.body[end + 1 :]])
+
+
+def _is_import_line(statement: cst.BaseStatement) -> bool:
+    """A line of one import, the statements AddImportsVisitor counts as the import block."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], (cst.Import, cst.ImportFrom))
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,11 +281,16 @@ def _run_codemods(
     original = _Stage.of(_parse(source, path), source)
     findings: list[Finding] = []
 
-    def advance(stage: _Stage, cls: type[Codemod], options: Mapping[str, str], *, record: bool = True) -> _Stage:
+    def advance(
+        stage: _Stage, cls: type[Codemod], options: Mapping[str, str], *, record: bool = True, read: bool = True
+    ) -> _Stage:
+        """The stage after `cls`. When no later codemod `read`s it, only its
+        findings count: its code is never printed (its imports are still
+        added, so that check fails where apply would)."""
         tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions)
         if record:
             findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source))
-        return _Stage.of(tree, tree.code) if changed else stage
+        return _Stage.of(tree, tree.code) if changed and read else stage
 
     if check_only:
         by_word = {cls.word: (cls, options) for cls, options in selected}
@@ -272,9 +304,13 @@ def _run_codemods(
                 stages[words] = advance(stage_after(words[:-1]), *by_word[words[-1]], record=False)
             return stages[words]
 
+        required = _required_words(selected)
         for cls, options in selected:
             before = tuple(w for w in by_word if w in _prerequisites(cls))
-            stages[(*before, cls.word)] = advance(stage_after(before), cls, options)
+            if cls.word in required:
+                stages[(*before, cls.word)] = advance(stage_after(before), cls, options)
+            else:  # no codemod runs on what this one leaves
+                advance(stage_after(before), cls, options, read=False)
         return Migration(source, sorted(findings))
     stage = original
     for cls, options in selected:
@@ -360,6 +396,11 @@ class _RaisedRecursionLimit:
 _raised_recursion_limit = _RaisedRecursionLimit()
 
 
+def _required_words(selected: Sequence[tuple[type[Codemod], Mapping[str, str]]]) -> set[str]:
+    """The words whose version of the file some selected codemod runs on."""
+    return {word for cls, _ in selected for word in _prerequisites(cls)}
+
+
 def _prerequisites(cls: type[Codemod]) -> set[str]:
     """Every word `cls` requires, directly or through another codemod."""
     registry = all_codemods()
@@ -400,8 +441,7 @@ def _line_map(before: list[str], after: list[str]) -> dict[int, int]:
     among BEFORE's unmatched lines is that line, moved; any other maps to the
     nearest line of the run it replaced (an insertion, to where it was inserted)."""
     stripped_before, stripped_after = [line.strip() for line in before], [line.strip() for line in after]
-    matcher = difflib.SequenceMatcher(None, stripped_before, stripped_after, autojunk=False)
-    opcodes = matcher.get_opcodes()
+    opcodes = _line_opcodes(stripped_before, stripped_after)
     unmatched: dict[str, list[int]] = {}
     for tag, i1, i2, _, _ in opcodes:
         if tag != "equal":
@@ -420,6 +460,106 @@ def _line_map(before: list[str], after: list[str]) -> dict[int, int]:
                 i = min(i1 + offset, max(i1, i2 - 1), max(len(before) - 1, 0))
             to_original[j + 1] = i + 1
     return to_original
+
+
+# difflib compares each line with every equal line of the other side: past
+# this many comparisons (a long file of repeated lines) only the stretches
+# between anchors go through it.
+DIFFLIB_COMPARISONS = 2_000_000
+
+
+def _line_opcodes(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes (autojunk off) turning lines A into lines B. Where
+    difflib would compare too many equal lines, in about linear time: lines
+    that occur as often in A as in B anchor the match (the k-th occurrence
+    matches the k-th), in the longest run of them in the same order on both
+    sides, and difflib aligns only the lines between two anchors."""
+    counts_a, counts_b = Counter(a), Counter(b)
+    if sum(n * counts_b[line] for line, n in counts_a.items()) <= DIFFLIB_COMPARISONS:
+        return difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    blocks: list[tuple[int, int, int]] = []
+    i_from = j_from = 0
+    for i, j in [*_anchors(a, b, counts_a, counts_b), (len(a), len(b))]:
+        blocks += _blocks_between(a, b, i_from, i, j_from, j)
+        blocks.append((i, j, 1 if i < len(a) else 0))
+        i_from, j_from = i + 1, j + 1
+    return _opcodes_of(blocks)
+
+
+def _anchors(a: Sequence[str], b: Sequence[str], counts_a: Counter, counts_b: Counter) -> list[tuple[int, int]]:
+    """(i, j) pairs of equal lines, each line that occurs as often in A as
+    in B paired occurrence by occurrence: the longest run in order on both sides."""
+    places_b: dict[str, list[int]] = {}
+    for j, line in enumerate(b):
+        if counts_a[line] == counts_b[line]:
+            places_b.setdefault(line, []).append(j)
+    seen: Counter = Counter()
+    pairs = []
+    for i, line in enumerate(a):
+        if line in places_b:
+            pairs.append((i, places_b[line][seen[line]]))
+            seen[line] += 1
+    return _longest_increasing_run(pairs)
+
+
+def _longest_increasing_run(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The longest run of PAIRS (in increasing order of i) whose j increase too."""
+    ends: list[int] = []  # ends[n]: the smallest j that ends a run of n + 1
+    end_at: list[int] = []  # the pair that ends it
+    previous: list[Optional[int]] = []
+    for k, (_, j) in enumerate(pairs):
+        n = bisect.bisect_left(ends, j)
+        previous.append(end_at[n - 1] if n else None)
+        if n == len(ends):
+            ends.append(j)
+            end_at.append(k)
+        else:
+            ends[n], end_at[n] = j, k
+    run = []
+    k = end_at[-1] if end_at else None
+    while k is not None:
+        run.append(pairs[k])
+        k = previous[k]
+    return run[::-1]
+
+
+def _blocks_between(a: Sequence[str], b: Sequence[str], i1: int, i2: int, j1: int, j2: int) -> list[tuple[int, int, int]]:
+    """difflib's matching blocks of a[i1:i2] and b[j1:j2], after their common head and tail."""
+    head = 0
+    while i1 + head < i2 and j1 + head < j2 and a[i1 + head] == b[j1 + head]:
+        head += 1
+    tail = 0
+    while i2 - tail > i1 + head and j2 - tail > j1 + head and a[i2 - tail - 1] == b[j2 - tail - 1]:
+        tail += 1
+    inner = difflib.SequenceMatcher(None, a[i1 + head : i2 - tail], b[j1 + head : j2 - tail], autojunk=False)
+    found = [(i1 + head + i, j1 + head + j, n) for i, j, n in inner.get_matching_blocks() if n]
+    return [(i1, j1, head), *found, (i2 - tail, j2 - tail, tail)]
+
+
+def _opcodes_of(blocks: list[tuple[int, int, int]]) -> list[tuple[str, int, int, int, int]]:
+    """Opcodes as difflib's get_opcodes makes them from matching blocks
+    (in order; the last one empty and at the ends of both sides)."""
+    opcodes = []
+    i = j = 0
+    for block_i, block_j, size in _merged(blocks):
+        tag = "replace" if i < block_i and j < block_j else "delete" if i < block_i else "insert" if j < block_j else ""
+        if tag:
+            opcodes.append((tag, i, block_i, j, block_j))
+        if size:
+            opcodes.append(("equal", block_i, block_i + size, block_j, block_j + size))
+        i, j = block_i + size, block_j + size
+    return opcodes
+
+
+def _merged(blocks: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Adjacent blocks joined, empty ones dropped but the last."""
+    merged: list[tuple[int, int, int]] = []
+    for i, j, size in blocks[:-1]:
+        if size and merged and merged[-1][0] + merged[-1][2] == i and merged[-1][1] + merged[-1][2] == j:
+            merged[-1] = (merged[-1][0], merged[-1][1], merged[-1][2] + size)
+        elif size:
+            merged.append((i, j, size))
+    return [*merged, blocks[-1]]
 
 
 def _indent_width(line: str) -> int:

@@ -24,6 +24,16 @@ from libcst.metadata import ParentNodeProvider, PositionProvider
 # codemods run one version at a time, so one entry serves them all.
 _latest_script: list = [None, None]  # [wrapper, model]
 
+
+def _script_model(wrapper):
+    """The script model of this file version, built once for every codemod that runs on it."""
+    from .script import ScriptModel  # the model imports helpers from this module
+
+    if _latest_script[0] is not wrapper:
+        _latest_script[:] = [wrapper, ScriptModel.of(wrapper)]
+    return _latest_script[1]
+
+
 ALL_CODES = None  # a `# accelmigrate: skip` without [CODES] silences every code
 _NO_DEFAULT = object()
 
@@ -71,6 +81,8 @@ class Codemod(cst.CSTTransformer):
     # parents come from the shared script model (`self.script`), and positions
     # are resolved only when a codemod reports (see get_metadata).
     METADATA_DEPENDENCIES = ()
+    _script_of: Optional[object] = None  # the MetadataWrapper whose model `_script` is
+    _script = None
 
     def __init__(
         self,
@@ -102,12 +114,10 @@ class Codemod(cst.CSTTransformer):
         """The shared model of the file version being visited (`codemods/script/`):
         its models, optimizers, loaders, training steps, devices and entry point.
         Built once per version and shared by every codemod that runs on it."""
-        from .script import ScriptModel  # the model imports helpers from this module
-
         wrapper = self.context.wrapper
-        if _latest_script[0] is not wrapper:
-            _latest_script[:] = [wrapper, ScriptModel.of(wrapper)]
-        return _latest_script[1]
+        if self._script_of is not wrapper:  # read millions of times a run: no import, no lookup
+            self._script, self._script_of = _script_model(wrapper), wrapper
+        return self._script
 
     @staticmethod
     def _lookup(mapping, key, node, default):

@@ -1,0 +1,146 @@
+"""The engine's shortcuts give exactly what the long way gives.
+
+- `add_imports` (LibCST's AddImportsVisitor over the head of the module only)
+  prints the same module as the visitor over the whole module, for every
+  shape of module head and every kind of import asked for;
+- on every fixture, with its own words (apply and check mode) and with every
+  codemod (check mode), the migrated code and the findings are those of a
+  run that adds imports over the whole module and, in check mode, builds
+  every codemod's version of the file;
+- past DIFFLIB_COMPARISONS, the line map of a long repetitive file is still
+  difflib's.
+"""
+
+import dataclasses
+import re
+
+import libcst as cst
+import pytest
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+
+from accelmigrate import engine
+from accelmigrate.codemods import UnknownCodemod, all_codemods, resolve
+from accelmigrate.engine import MigrationError, add_imports, migrate_source
+
+from conftest import FIXTURES
+from test_fixture_pairs import fixture_cases, plan_for
+
+HEADS = {
+    "empty": "",
+    "only a docstring": '"""Train a model."""\n',
+    "docstring then code": '"""Train a model."""\nx = 1\n',
+    "strict flag": "__strict__ = True\nimport os\nx = 1\n",
+    "future import": '"""Doc."""\nfrom __future__ import annotations\nimport os\n\nx = 1\n',
+    "imports then code": "import os\nimport torch\nfrom torch import nn\n\n\ndef main():\n    pass\n",
+    "comment above the first statement": "import torch\n# the model\nmodel = torch.nn.Linear(2, 2)\n",
+    "no empty line after the imports": "import torch\nmodel = torch.nn.Linear(2, 2)\n",
+    "only imports": "import torch\nfrom torch import nn\n",
+    "import in a try block": "import os\ntry:\n    import apex\nexcept ImportError:\n    apex = None\nx = 1\n",
+    "try block first": "try:\n    import apex\nexcept ImportError:\n    apex = None\nimport torch\n",
+    "two imports on one line": "import os; import sys\nimport torch\nx = 1\n",
+    "code before the imports": "x = 1\nimport torch\nfrom torch import nn\n",
+    "the same from-import again later": "from torch import nn\nx = 1\nfrom torch import nn\n",
+    "star import": "from torch import *\nx = 1\n",
+    "main guard": "import torch\n\nif __name__ == '__main__':\n    from torch import nn\n    main()\n",
+}
+
+REQUESTS = {
+    "module": [("torch", None, None)],
+    "module already there": [("os", None, None)],
+    "module with alias": [("numpy", None, "np")],
+    "name from a module imported from": [("torch", "nn", None), ("torch", "optim", None)],
+    "name from a new module": [("accelmigrate.runtime", "device", None)],
+    "name with alias": [("torch.cuda", "amp", "cuda_amp")],
+    "future": [("__future__", "annotations", None)],
+    "several": [("os", None, None), ("sys", None, None), ("torch", "nn", None), ("torch.nn", "functional", "F")],
+}
+
+
+def _with_imports(source: str, requests, add) -> str:
+    context = CodemodContext()
+    for module, obj, alias in requests:
+        AddImportsVisitor.add_needed_import(context, module, obj, alias)
+    return add(context, cst.parse_module(source)).code
+
+
+@pytest.mark.parametrize("requests", REQUESTS.values(), ids=REQUESTS.keys())
+@pytest.mark.parametrize("source", HEADS.values(), ids=HEADS.keys())
+def test_add_imports_prints_what_the_visitor_over_the_whole_module_prints(source, requests):
+    whole = _with_imports(source, requests, lambda context, tree: AddImportsVisitor(context).transform_module(tree))
+    assert _with_imports(source, requests, add_imports) == whole
+
+
+def _every_codemod():
+    plan = []
+    for word in all_codemods():
+        options = {}
+        try:
+            resolve({word: options})
+        except UnknownCodemod:  # a word that needs a value
+            options = {"value": "4"}
+        plan.append((word, options))
+    return plan
+
+
+def _outcomes(case, check_only):
+    source = case.read_text(encoding="utf-8")
+    found = []
+    plans = [plan_for(case, source), _every_codemod()] if check_only else [plan_for(case, source)]
+    for plan in plans:  # every codemod: where check mode skips what no later codemod reads
+        try:
+            migration = migrate_source(source, plan, str(case), check_only=check_only)
+            found.append((migration.code, [_in_name_order(f) for f in migration.findings]))
+        except MigrationError as error:
+            found.append(str(error))
+    return found
+
+
+def _in_name_order(finding):
+    """The finding with any list of names (`a`, `b`) in its message sorted:
+    ddp lists the models an optimizer trains in the order of a set, which
+    may change with whatever else the process allocated."""
+    message = re.sub(r"`[^`]+`(?:, `[^`]+`)+", lambda names: ", ".join(sorted(names.group().split(", "))), finding.message)
+    return dataclasses.replace(finding, message=message)
+
+
+def _the_long_way(monkeypatch):
+    """Imports added over the whole module; in check mode every codemod's
+    version of the file built, whether a later codemod runs on it or not."""
+    monkeypatch.setattr(engine, "add_imports", lambda context, tree: AddImportsVisitor(context).transform_module(tree))
+    monkeypatch.setattr(engine, "_required_words", lambda selected: {cls.word for cls, _ in selected})
+
+
+@pytest.mark.parametrize("check_only", [False, True], ids=["apply", "check"])
+@pytest.mark.parametrize("case", list(fixture_cases()))
+def test_fixtures_give_what_the_long_way_gives(case, check_only, monkeypatch):
+    fast = _outcomes(case, check_only)
+    _the_long_way(monkeypatch)
+    assert _outcomes(case, check_only) == fast
+
+
+def _copies(case: str, count: int) -> tuple[list[str], list[str]]:
+    """A fixture's original and migrated lines, each repeated `count` times."""
+    before = (FIXTURES / case).read_text(encoding="utf-8")
+    after = (FIXTURES / case.replace(".py", ".expected.py")).read_text(encoding="utf-8")
+    return engine._lines(before) * count, engine._lines(after) * count
+
+
+@pytest.mark.parametrize("case", ["main-guard/env_before_import.py", "workers/basic.py", "device/alias_import_styles.py"])
+def test_the_line_map_of_a_long_repetitive_file_is_difflib_s(case, monkeypatch):
+    """Past DIFFLIB_COMPARISONS the lines are matched through anchors; on
+    many copies of a migrated fixture that gives difflib's own map."""
+    before, after = _copies(case, 40)
+    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 10**12)
+    exact = engine._line_map(before, after)
+    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 0)
+    assert engine._line_map(before, after) == exact
+
+
+def test_lines_that_occur_unequally_often_are_aligned_between_anchors(monkeypatch):
+    before = ["import torch", "", "x = 1", "", "y = 2", "z = 3", ""]
+    after = ["import torch", "import os", "", "", "x = 1", "", "y = 2", "", "z = 3"]
+    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 10**12)
+    exact = engine._line_opcodes(before, after)
+    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 0)
+    assert engine._line_opcodes(before, after) == exact
