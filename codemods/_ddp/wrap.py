@@ -80,7 +80,7 @@ class ModelWrapping(ScriptQueries):
         wrappers = self._calls_to(v.DATA_PARALLEL)
         if not wrappers:
             return self._plan_bare_models()
-        trained = {var for site in self._update_sites() for var in self._models_trained_by(site)}
+        trained = {var: None for site in self._update_sites() for var in self._models_trained_by(site)}  # in order
         converted, covered = [], set()
         for call in wrappers:
             _, _, model = self._wrapper_assignment(call)
@@ -100,7 +100,7 @@ class ModelWrapping(ScriptQueries):
             covered.update({model, inner_var})
         several = len(converted) > 1
         models = [self._plan_data_parallel_step(call, model, several) for call, model in converted]
-        left = {var for var in trained if var not in covered}
+        left = {var: None for var in trained if var not in covered}
         return models + (self._plan_bare_models(left) if left else [])
 
     def _moved_var(self, expression: cst.BaseExpression) -> Optional[Var]:
@@ -530,17 +530,19 @@ class ModelWrapping(ScriptQueries):
                 return True
         return False
 
-    def _models_trained_by(self, optimizer: cst.Call) -> set[Var]:
+    def _models_trained_by(self, optimizer: cst.Call) -> list[Var]:
+        """The models whose parameters the optimizer (or update) takes, in
+        source order (a Var hashes by identity: a set's order would vary)."""
         if isinstance(optimizer.func, cst.Attribute) and optimizer.func.attr.value == "parameters":  # a hand-written update
             root = self._root_var(optimizer.func.value)
-            return {root} if root is not None else set()
+            return [root] if root is not None else []
         params = first_positional(optimizer) or keyword_arg(optimizer, "params")
         if params is None:
-            return set()
+            return []
         expressions = [params.value]
         if isinstance(params.value, cst.Name):  # params = [p for p in model.parameters() if ...]
             expressions.extend(self._assigned_values(params.value))
-        models = set()
+        models: dict[Var, None] = {}
         for expression in expressions:
             for node in walk(expression):
                 if (
@@ -550,8 +552,8 @@ class ModelWrapping(ScriptQueries):
                 ):
                     root = self._root_var(node.func.value)
                     if root is not None:
-                        models.add(root)
-        return models
+                        models[root] = None
+        return list(models)
 
     def _bare_model_anchor(self, model: Var, optimizer: cst.Call) -> tuple[cst.CSTNode, bool]:
         """Where the wrap goes: after the last statement that binds or moves the
