@@ -150,7 +150,7 @@ class Accumulate(Codemod):
     word = "accumulate"
     summary = "accumulate gradients over N micro-batches per optimizer step (--to accumulate=N)"
     codes = {
-        "AM600": "training loop rewritten to accumulate gradients over N micro-batches",
+        "AM600": "training loop that steps the optimizer after every batch (accumulation over N micro-batches)",
         "AM601": "the training loop's length cannot be known: accumulate by hand",
         "AM602": "the training loop's shape cannot be proven: accumulate by hand",
         "AM603": "several backward passes or optimizers in one loop: accumulate by hand",

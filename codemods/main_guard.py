@@ -117,7 +117,7 @@ class MainGuard(Codemod):
     word = "main-guard"
     summary = 'flat scripts: the code that runs at import goes under `if __name__ == "__main__":` (spawned workers re-import the file)'
     codes = {
-        "AM120": 'code that runs the script moved under `if __name__ == "__main__":`',
+        "AM120": 'code that runs at import, outside an `if __name__ == "__main__":` guard',
         "AM121": "a definition reads, while the file is imported, a name that only the script's code sets",
         "AM122": "code that DataLoader workers run reads a module variable that only the script's code sets",
         "AM123": 'code outside the `if __name__ == "__main__":` block trains, starts processes or goes through a loader',

@@ -89,7 +89,7 @@ class SyncBatchNorm(Codemod):
     summary = "BatchNorm -> SyncBatchNorm before DistributedDataParallel wraps the model"
     requires = ("ddp",)
     codes = {
-        "AM540": "BatchNorm layers converted to SyncBatchNorm before wrapping in DDP",
+        "AM540": "BatchNorm layers that compute batch statistics per process under DDP (SyncBatchNorm shares them)",
         "AM541": "no DistributedDataParallel wrap found to convert before",
         "AM542": "the wrap's process group cannot be passed to the conversion",
         "AM543": "no name for torch.nn.SyncBatchNorm where the conversion goes",
