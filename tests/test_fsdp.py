@@ -260,6 +260,7 @@ def _shard_then_compile(rank: int, init_file: str, results) -> None:
                 same = sorted(state) == sorted(expected) and all(torch.equal(state[k], expected[k]) for k in expected)
                 results.put((same, sorted(state)))
     finally:
+        dist.barrier()  # both ranks done with every collective before either tears gloo down (else it may abort)
         dist.destroy_process_group()
 
 
@@ -310,6 +311,7 @@ def _accumulate_sharded(rank: int, init_file: str, results) -> None:
         if rank == 0:  # plain lists: tensors would be shared through a file descriptor this process closes on exit
             results.put({k: v.tolist() for k, v in state.items()})
     finally:
+        dist.barrier()  # both ranks done with every collective before either tears gloo down (else it may abort)
         dist.destroy_process_group()
 
 
