@@ -159,14 +159,20 @@ def _ensure_round_trip(tree: cst.Module, source: str, path: str) -> None:
 
 
 def _run_one(
-    cls: type[Codemod], options: Mapping[str, str], wrapper: MetadataWrapper, path: str, suppressions: Suppressions
+    cls: type[Codemod],
+    options: Mapping[str, str],
+    wrapper: MetadataWrapper,
+    path: str,
+    suppressions: Suppressions,
+    rewrite: bool = True,
 ) -> tuple[cst.Module, list[Finding], bool]:
     """One codemod over one tree: the new tree, the findings, and whether it
     changed anything (a codemod changes the tree only where it records a fix).
-    Its failure is a finding, never the file's."""
+    Without `rewrite` only the findings count (the tree may be left half
+    rewritten). Its failure is a finding, never the file's."""
     context = CodemodContext(filename=path, wrapper=wrapper)
     try:
-        codemod = cls(context, options, suppressions)
+        codemod = cls(context, options, suppressions, rewrite=rewrite)
         tree = wrapper.visit(codemod)
         if codemod.imports_changed:
             tree = add_imports(context, tree)
@@ -176,8 +182,7 @@ def _run_one(
         detail = _describe(error)
         failure = Finding(1, 1, CODEMOD_FAILED, f"codemod {cls.word!r} failed and changed nothing: {detail}", False, cls.word)
         return wrapper.module, [failure], False
-    changed = codemod.imports_changed or any(f.fixed for f in codemod.findings)
-    return tree, codemod.findings, changed
+    return tree, codemod.findings, codemod.changes_anything()
 
 
 def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
@@ -287,7 +292,7 @@ def _run_codemods(
         """The stage after `cls`. When no later codemod `read`s it, only its
         findings count: its code is never printed (its imports are still
         added, so that check fails where apply would)."""
-        tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions)
+        tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions, rewrite=read)
         if record:
             findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source))
         return _Stage.of(tree, tree.code) if changed and read else stage
@@ -779,13 +784,25 @@ def process_files(
         return results
     try:
         with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
-            chunk = max(1, min(16, len(paths) // (jobs * 8)))
-            for result in pool.map(_process_file_star, [(p, plan, kwargs) for p in paths], chunksize=chunk):
-                done(result)
+            # The largest files first, one per task: a large file started last
+            # would keep one worker busy long after the others are done.
+            futures = {i: pool.submit(_process_file_star, (paths[i], plan, kwargs)) for i in _largest_first(paths)}
+            for i in range(len(paths)):
+                done(futures[i].result())
     except BrokenProcessPool:
         for path in paths[len(results):]:
             done(_process_file_alone(path, plan, kwargs))
     return results
+
+
+def _largest_first(paths: Sequence[str]) -> list[int]:
+    def size(i: int) -> int:
+        try:
+            return os.path.getsize(paths[i])
+        except OSError:
+            return 0  # reported when the file is read
+
+    return sorted(range(len(paths)), key=size, reverse=True)
 
 
 def _process_file_alone(path: str, plan: Plan, kwargs: dict) -> FileResult:

@@ -76,6 +76,15 @@ class Codemod(cst.CSTTransformer):
     # every spelling of what the codemod matches must contain one of them.
     triggers: ClassVar[Sequence[str]]
 
+    # True for a codemod that records every finding and fix while it plans,
+    # in visit_Module (or later, in leave_Module), and rewrites only what it
+    # recorded as fixed: its walk over the module's statements (LibCST
+    # rebuilds every node) is skipped where it fixed nothing, and where the
+    # engine only wants its findings (`rewrite=False`: a check whose later
+    # codemods do not read this version). tests/test_engine_speed.py holds
+    # each such codemod to it.
+    plans_in_visit_module: ClassVar[bool] = False
+
     # No LibCST metadata is resolved before the visit (LibCST unions this over
     # the class hierarchy, so it must stay empty here): names, scopes and
     # parents come from the shared script model (`self.script`), and positions
@@ -89,8 +98,11 @@ class Codemod(cst.CSTTransformer):
         context: CodemodContext,
         options: Optional[Mapping[str, str]] = None,
         suppressions: Optional[Suppressions] = None,
+        *,
+        rewrite: bool = True,
     ) -> None:
         super().__init__()
+        self.rewrite = rewrite  # False: only the findings are wanted, not the new tree
         self.context = context  # where imports to add and remove are scheduled
         self.options = dict(options or {})
         self.suppressions = suppressions or {}
@@ -100,14 +112,31 @@ class Codemod(cst.CSTTransformer):
 
     def get_metadata(self, key, node, default=_NO_DEFAULT):
         """As LibCST's, with PositionProvider and ParentNodeProvider computed
-        the first time they are asked for, over the tree being visited."""
+        the first time they are asked for, over the tree being visited
+        (positions by the script model, one top-level statement at a time)."""
         if key is ParentNodeProvider:
             if self._parent_map is None:
                 self._parent_map = parent_map(self.context.wrapper.module)
             return self._lookup(self._parent_map, key, node, default)
         if key is PositionProvider and key not in self.metadata:
-            return self._lookup(self.context.wrapper.resolve(PositionProvider), key, node, default)
+            try:
+                return self.script.line.range(node)
+            except KeyError:
+                if default is _NO_DEFAULT:
+                    raise KeyError(f"no PositionProvider metadata for {type(node).__name__}") from None
+                return default
         return super().get_metadata(key, node, default) if default is not _NO_DEFAULT else super().get_metadata(key, node)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        descend = super().on_visit(node)
+        if isinstance(node, cst.Module) and self.plans_in_visit_module and not (self.rewrite and self.changes_anything()):
+            return False  # leave_Module still runs
+        return descend
+
+    def changes_anything(self) -> bool:
+        """Whether this visit rewrites the tree: a codemod changes it only
+        where it records a fix, or to add or remove imports."""
+        return self.imports_changed or any(finding.fixed for finding in self.findings)
 
     @property
     def script(self):

@@ -148,6 +148,7 @@ class LoopPlan:
 
 class Accumulate(Codemod):
     word = "accumulate"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "accumulate gradients over N micro-batches per optimizer step (--to accumulate=N)"
     codes = {
         "AM600": "training loop that steps the optimizer after every batch (accumulation over N micro-batches)",

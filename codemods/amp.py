@@ -175,6 +175,7 @@ from .script.amp_facts import amp_facts
 
 class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Resolution, AppliesEdits, Codemod):
     word = "amp"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "mixed precision: torch.autocast around forward and loss, a GradScaler for fp16; apex and torch.cuda.amp migrated"
     requires = ("device",)
     codes = {

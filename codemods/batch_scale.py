@@ -192,6 +192,7 @@ def _string_index(subscript: cst.Subscript) -> Optional[str]:
 
 class BatchScale(Codemod):
     word = "batch-scale"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "multiply the training batch size and the learning rate by K (--to batch-scale=K)"
     codes = {
         "AM610": "training DataLoader's batch size multiplied by K",

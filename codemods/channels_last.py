@@ -70,6 +70,7 @@ TWO_D = frozenset({2})
 
 class ChannelsLast(InsertingCodemod):
     word = "channels-last"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "conv nets: the model and its 4-D training inputs channels-last (on CUDA)"
     codes = {
         "AM730": "conv net trained in the channels-first memory format",

@@ -171,6 +171,7 @@ def _batch_mode(options) -> str:
 
 class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry):
     word = "ddp"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "DataParallel or one process -> DistributedDataParallel, DistributedSampler, rank-0 output"
     requires = ("device", "main-guard")
     codes = {

@@ -201,6 +201,7 @@ Edit = Callable[[cst.CSTNode], cst.CSTNode]
 
 class Device(DeviceValues, Placement, CallPlans, PerProcessPlans, BackendPlans, GuardPlans, LegacyTypePlans, ApexPlans, Codemod):
     word = "device"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "hard-coded .cuda() / 'cuda' placements -> one device chosen at run time (get_device())"
     codes = {
         "AM301": ".cuda() ties the script to a CUDA GPU",

@@ -115,6 +115,7 @@ from ._main_guard.statements import RUNS
 
 class MainGuard(Codemod):
     word = "main-guard"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = 'flat scripts: the code that runs at import goes under `if __name__ == "__main__":` (spawned workers re-import the file)'
     codes = {
         "AM120": 'code that runs at import, outside an `if __name__ == "__main__":` guard',

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._base import Codemod, code_of, remove_statements, walk
+from ._base import Codemod, code_of, remove_statements
 from ._item.syntax import positional_args
 from ._modernize.init_names import InitNamePlans
 from ._modernize.loss_arguments import LossArgumentPlans, with_reduction
@@ -90,6 +90,7 @@ from ._modernize.variables import VariablePlans
 
 class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans, Codemod):
     word = "modernize"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "rewrite pre-0.4 idioms that fail today: loss.data[0], Variable(...), volatile=True, size_average"
     codes = {
         "AM220": "x.data[0] on a one-number tensor (an IndexError since PyTorch 0.4): x.item()",
@@ -117,12 +118,12 @@ class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans,
     def visit_Module(self, node: cst.Module) -> bool:
         self.model = self.script
         self.values = Values(self.model)
-        calls = [n for n in walk(node) if isinstance(n, cst.Call)]
+        calls = self.model.index.nodes_of(cst.Call)
         self._plan_accumulators()
-        self._plan_one_number_reads(node)
-        self._plan_variables(node, calls)
+        self._plan_one_number_reads()
+        self._plan_variables(calls)
         self._plan_legacy_reductions(calls)
-        self._plan_initialisers(node)
+        self._plan_initialisers()
         return bool(self._replace or self._doomed or self._wraps)
 
     # -- rewriting ----------------------------------------------------------------------

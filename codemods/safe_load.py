@@ -50,6 +50,7 @@ from .script.uses import uses_of
 
 class SafeLoad(Codemod):
     word = "safe-load"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "torch.load(..., weights_only=True) where what is loaded is a state dict"
     codes = {
         "AM750": "torch.load of a state dict without weights_only=True",

@@ -62,6 +62,7 @@ MATMUL_PRECISION = frozenset(
 
 class Tf32(InsertingCodemod):
     word = "tf32"
+    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "float32 matmuls on CUDA in TF32 (torch.backends.cuda.matmul.fp32_precision), set once at the start"
     codes = {
         "AM710": "float32 matmuls on CUDA without TF32",

@@ -26,10 +26,12 @@ import atexit
 import contextlib
 import datetime
 import functools
+import gc
 import inspect
 import multiprocessing
 import os
 import re
+import time
 from typing import Iterator, Optional, Union
 
 import torch
@@ -97,9 +99,23 @@ def init_distributed(timeout: Optional[datetime.timedelta] = None) -> bool:
 
 
 def destroy_distributed() -> None:
-    """Leave the process group, if this process is in one."""
+    """Leave the process group, if this process is in one.
+
+    Done while the interpreter is whole (at exit, before its shutdown). A
+    gloo worker thread frees each finished collective after the caller has
+    seen it complete, and that needs the GIL when the collective came from
+    DistributedDataParallel's hooks; a thread that asks for the GIL once the
+    interpreter is shutting down is ended, and the process aborts
+    ("terminate called without an active exception"). The collections and
+    the short pause here hand the GIL to those threads first; objects in
+    reference cycles that hold the group (a DDP model and its hooks) go too."""
     if _in_group():
+        gloo = dist.get_backend() == "gloo"
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
+        if gloo:
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from accelmigrate.codemods import UnknownCodemod
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime.batch import no_sync_unless
 
-from conftest import SCRIPTS, run_cli, run_python
+from conftest import SCRIPTS, run_cli, run_launch, run_python
 
 TOLERANCE = 1e-5
 
@@ -160,7 +160,7 @@ def torchrun(script: Path, *args: str, nproc: int = 2) -> subprocess.CompletedPr
         str(script), *args,
     ]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=script.parent, timeout=300)
+    return run_launch(command, env=env, cwd=script.parent, timeout=300)
 
 
 @pytest.mark.slow

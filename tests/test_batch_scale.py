@@ -10,7 +10,6 @@ have different thresholds and must agree on the smaller.
 import math
 import os
 import re
-import subprocess
 import sys
 import textwrap
 
@@ -22,7 +21,7 @@ from accelmigrate.codemods.batch_scale import BatchScale
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime.batch import find_max_batch_size, is_out_of_memory
 
-from conftest import SCRIPTS, run_python
+from conftest import SCRIPTS, run_launch, run_python
 
 INVALID = [{}, {"value": ""}, {"value": "x2"}, {"value": "0.5"}, {"value": "1"}, {"value": "-3"}]
 
@@ -160,7 +159,7 @@ def test_ranks_agree_on_the_smallest_limit(tmp_path):
     script.write_text(RANKS_SCRIPT)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    done = run_launch(command, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     # Both ranks print to one pipe, where one line may run into the other.
     results = sorted(re.findall(r"rank \d found \d+ after \d+ trials", done.stdout))

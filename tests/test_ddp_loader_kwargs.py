@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 from accelmigrate.codemods import parse_words, resolve
 from accelmigrate.engine import plan_of, process_file
 
+from conftest import run_launch
 from test_ddp import _cpu_env
 
 VAE = Path(__file__).resolve().parent.parent / "benchmarks" / "reach" / "vae_mnist_shape.py"
@@ -21,7 +21,7 @@ FINAL = re.compile(r"^final loss: (\S+)$", re.MULTILINE)
 
 
 def _final_losses(command: list, folder: Path) -> list:
-    done = subprocess.run(command, cwd=folder, env=_cpu_env(), capture_output=True, text=True, timeout=300)
+    done = run_launch(command, cwd=folder, env=_cpu_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return [float(x) for x in FINAL.findall(done.stdout)]
 

@@ -19,7 +19,7 @@ import pytest
 
 from accelmigrate.engine import migrate_source
 
-from conftest import run_python
+from conftest import run_launch, run_python
 from test_device import _save_as_if_on_gpu
 
 PLAN = [("device", {}), ("amp", {})]
@@ -248,7 +248,7 @@ def launch(script: Path, how: str, precision: str = "fp32", port: str = "0") -> 
     if how == "torchrun":
         full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **env}
         command = [sys.executable, "-m", "accelmigrate", "run", str(script), "--nproc-per-node", "2"]
-        return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=script.parent, timeout=300)
+        return run_launch(command, env=full_env, cwd=script.parent, timeout=300)
     args = (port,) if how == "spawn" else ()
     return run_python(script, *args, env=env)
 

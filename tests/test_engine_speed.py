@@ -20,7 +20,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelmigrate import engine
-from accelmigrate.codemods import UnknownCodemod, all_codemods, resolve
+from accelmigrate.codemods import Codemod, UnknownCodemod, all_codemods, resolve
 from accelmigrate.engine import MigrationError, add_imports, migrate_source
 
 from conftest import FIXTURES
@@ -105,9 +105,11 @@ def _in_name_order(finding):
 
 
 def _the_long_way(monkeypatch):
-    """Imports added over the whole module; in check mode every codemod's
+    """Imports added over the whole module; every codemod's walk over the
+    module, whether it fixed anything or not; in check mode every codemod's
     version of the file built, whether a later codemod runs on it or not."""
     monkeypatch.setattr(engine, "add_imports", lambda context, tree: AddImportsVisitor(context).transform_module(tree))
+    monkeypatch.setattr(Codemod, "on_visit", cst.CSTTransformer.on_visit)
     monkeypatch.setattr(engine, "_required_words", lambda selected: {cls.word for cls, _ in selected})
 
 
@@ -144,3 +146,43 @@ def test_lines_that_occur_unequally_often_are_aligned_between_anchors(monkeypatc
     exact = engine._line_opcodes(before, after)
     monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 0)
     assert engine._line_opcodes(before, after) == exact
+
+
+@pytest.mark.slow
+def test_codemods_that_plan_in_visit_module_record_nothing_during_their_walk(monkeypatch):
+    """The walk of a codemod with `plans_in_visit_module` is skipped where it
+    fixed nothing; that is right only if the walk never reports. Every
+    fixture, every codemod, each on the one before's output."""
+    walking: dict[int, bool] = {}
+    reported_while_walking: set[str] = set()
+    on_leave, report = Codemod.on_leave, Codemod.report
+
+    def visit(self, node):  # always walks
+        descend = cst.CSTTransformer.on_visit(self, node)
+        if isinstance(node, cst.Module):
+            walking[id(self)] = descend
+        return descend
+
+    def leave(self, original, updated):
+        if isinstance(original, cst.Module):
+            walking[id(self)] = False
+        return on_leave(self, original, updated)
+
+    def record(self, node, code, message, fixed=False):
+        if walking.get(id(self)):
+            reported_while_walking.add(self.word)
+        return report(self, node, code, message, fixed)
+
+    monkeypatch.setattr(Codemod, "on_visit", visit)
+    monkeypatch.setattr(Codemod, "on_leave", leave)
+    monkeypatch.setattr(Codemod, "report", record)
+    inputs = [p for p in FIXTURES.rglob("*.py") if not p.name.endswith(".expected.py")]
+    for path in inputs:
+        try:
+            migrate_source(path.read_text(encoding="utf-8"), _every_codemod(), str(path))
+        except MigrationError:
+            pass
+    planners = {word for word, cls in all_codemods().items() if cls.plans_in_visit_module}
+    assert planners and not planners & reported_while_walking
+    assert reported_while_walking  # the probe works: the codemods that report while walking are seen to
+

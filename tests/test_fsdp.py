@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.nn as nn
 from accelmigrate.runtime import sharding
-from conftest import SCRIPTS, run_cli
+from conftest import SCRIPTS, run_cli, run_launch
 
 from accelmigrate.engine import migrate_source
 
@@ -176,7 +176,7 @@ def _cpu_env() -> dict:
 
 
 def _launch(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, check=False, capture_output=True, text=True, env=_cpu_env(), cwd=cwd, timeout=LAUNCH_TIMEOUT)
+    done = run_launch(command, env=_cpu_env(), cwd=cwd, timeout=LAUNCH_TIMEOUT)
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -242,6 +242,17 @@ def test_migrated_script_in_one_process_matches_the_original(runs):
 # -- the runtime on two gloo processes ----------------------------------------------
 
 
+def _exit_skipping_teardown(results) -> None:
+    """End a worker that succeeded without the interpreter's teardown, where
+    gloo can abort the process (conftest.TEARDOWN_ABORT), once what it put
+    in `results` has been handed over."""
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _shard_then_compile(rank: int, init_file: str, results) -> None:
     import torch.distributed as dist
 
@@ -262,6 +273,7 @@ def _shard_then_compile(rank: int, init_file: str, results) -> None:
     finally:
         dist.barrier()  # both ranks done with every collective before either tears gloo down (else it may abort)
         dist.destroy_process_group()
+    _exit_skipping_teardown(results)
 
 
 @pytest.mark.slow
@@ -313,6 +325,7 @@ def _accumulate_sharded(rank: int, init_file: str, results) -> None:
     finally:
         dist.barrier()  # both ranks done with every collective before either tears gloo down (else it may abort)
         dist.destroy_process_group()
+    _exit_skipping_teardown(results)
 
 
 def _accumulation_batches():

@@ -120,9 +120,9 @@ def test_only_the_codemods_the_precheck_keeps_run_in_running_order(monkeypatch):
     ran: list[str] = []
     real = engine._run_one
 
-    def run_one(cls, *args):
+    def run_one(cls, *args, **kwargs):
         ran.append(cls.word)
-        return real(cls, *args)
+        return real(cls, *args, **kwargs)
 
     monkeypatch.setattr(engine, "_run_one", run_one)
     wanted = [word for word in WORDS if all_codemods()[word].wants(TRAINING_SCRIPT)]
@@ -138,7 +138,7 @@ def test_a_word_may_apply_through_what_an_earlier_word_writes(monkeypatch):
     source = "import torch\nloader = torch.utils.data.DataLoader([1, 2], batch_size=1)\n"
     ran: list[str] = []
     real = engine._run_one
-    monkeypatch.setattr(engine, "_run_one", lambda cls, *args: (ran.append(cls.word), real(cls, *args))[1])
+    monkeypatch.setattr(engine, "_run_one", lambda cls, *args, **kwargs: (ran.append(cls.word), real(cls, *args, **kwargs))[1])
     assert all_codemods()["device"].wants(source)  # its text trigger "load" is in `loader`
     migrate_source(source, [("device", {})], "data.py")
     assert "device" not in ran

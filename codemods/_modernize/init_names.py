@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .._base import dotted_name, walk
+from .._base import dotted_name
 from ..script.vocabulary import DEPRECATED_INIT
 from .syntax import in_import
 
@@ -15,8 +15,8 @@ INIT_MODULES = ("torch.nn.init",)
 class InitNamePlans:
     """The planning of AM225, a part of the `Modernize` codemod."""
 
-    def _plan_initialisers(self, module: cst.Module) -> None:
-        for node in walk(module):
+    def _plan_initialisers(self) -> None:
+        for node in self.model.index.nodes_of(cst.ImportFrom, cst.Attribute, cst.Name):
             if isinstance(node, cst.ImportFrom) and dotted_name(node.module or cst.Name("_")) in INIT_MODULES:
                 if not isinstance(node.names, cst.ImportStar):
                     for alias in node.names:

@@ -29,9 +29,9 @@ _TENSOR_LEVELS = (ZERO_D, ONE)
 class DataIndexPlans:
     """The planning of AM220 and AM223, a part of the `Modernize` codemod."""
 
-    def _plan_one_number_reads(self, module: cst.Module) -> None:
-        for node in walk(module):
-            if not (isinstance(node, cst.Subscript) and _is_index_zero(node)) or node in self._replace:
+    def _plan_one_number_reads(self) -> None:
+        for node in self.model.index.nodes_of(cst.Subscript):
+            if not _is_index_zero(node) or node in self._replace:
                 continue
             holder = node.value
             if isinstance(holder, cst.Attribute) and holder.attr.value == "data":

@@ -27,11 +27,11 @@ IDENTITY_ATTRIBUTES = frozenset(
 class VariablePlans:
     """The planning of AM221 (and the start of AM222), a part of the `Modernize` codemod."""
 
-    def _plan_variables(self, module: cst.Module, calls: list[cst.Call]) -> None:
+    def _plan_variables(self, calls: list[cst.Call]) -> None:
         variable_calls = [c for c in calls if self.model.is_call_to(c, v.VARIABLE)]
         references = [
-            n for n in walk(module)
-            if isinstance(n, (cst.Name, cst.Attribute)) and self.model.is_qualified(n, v.VARIABLE)
+            n for n in self.model.index.nodes_of(cst.Name, cst.Attribute)
+            if self.model.is_qualified(n, v.VARIABLE)
             and not isinstance(self.model.parent(n), cst.Attribute) and not in_import(self.model, n)
             and not (isinstance(self.model.parent(n), cst.Call) and self.model.parent(n).func is n)
         ]  # fmt: skip

@@ -14,8 +14,8 @@ from typing import Optional
 import libcst as cst
 
 from .._base import dotted_name, walk
-from .model import ScriptModel
 from .flow import Function
+from .model import ScriptModel
 from .scopes import Binding, Scope, children, positional_parameters
 
 # Bindings whose target is a name or `a.b` that the statement stores to.

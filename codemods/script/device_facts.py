@@ -17,8 +17,8 @@ from typing import Optional
 import libcst as cst
 
 from .._base import walk
-from .uses import uses_of
 from .model import ScriptModel
+from .uses import uses_of
 
 _cache: "weakref.WeakKeyDictionary[ScriptModel, DeviceFacts]" = weakref.WeakKeyDictionary()
 

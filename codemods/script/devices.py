@@ -17,7 +17,8 @@ import libcst as cst
 
 from .._base import code_of
 from .entities import Entities
-from .scopes import Binding, Index, Lines, Scope
+from .positions import Lines
+from .scopes import Binding, Index, Scope
 
 DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})

@@ -24,7 +24,8 @@ import libcst as cst
 from .._base import dotted_name, walk
 from . import vocabulary as v
 from .flow import Flow
-from .scopes import Binding, Index, Lines, Scope, positional_parameters
+from .positions import Lines
+from .scopes import Binding, Index, Scope, positional_parameters
 
 GRAD_SCALER = frozenset(
     {

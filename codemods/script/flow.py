@@ -16,7 +16,9 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from .._base import code_of, dotted_name, is_docstring, is_main_guard, walk
-from .scopes import Index, Lines, Scope, parameter_names, positional_parameters
+from .positions import Lines
+from .scopes import Index, Scope, parameter_names, positional_parameters
+
 
 @dataclasses.dataclass(eq=False)
 class CallSite:

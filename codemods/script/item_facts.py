@@ -14,9 +14,9 @@ from typing import Optional
 
 import libcst as cst
 
-from .uses import uses_of
 from .model import ScriptModel
 from .scopes import BUILTINS, Scope
+from .uses import uses_of
 
 _cache: "weakref.WeakKeyDictionary[ScriptModel, ItemFacts]" = weakref.WeakKeyDictionary()
 

@@ -1,7 +1,6 @@
 """The script model: one analysis of a training script, read by every codemod.
 
-`ScriptModel.of(module)` (or `.of(wrapper)`, to share the wrapper's
-positions) computes, in a few linear passes over the LibCST tree:
+`ScriptModel.of(module)` (or `.of(wrapper)`) computes, in a few linear passes over the LibCST tree:
 
 - imports and qualified names (`qualified_names(node)`, `is_call_to(...)`),
   the names each scope binds (`scopes`), parents (`parent(node)`);
@@ -14,8 +13,9 @@ positions) computes, in a few linear passes over the LibCST tree:
 
 The facts are plain data classes whose repr a test can print; they point at
 the LibCST nodes (by identity), so a codemod can rewrite what it is told
-about, and give their `line` (looked up on first use: LibCST's positions
-cost more than the parse, and a file with nothing to report never needs them).
+about, and give their `line` (looked up on first use, one top-level
+statement at a time: LibCST's positions of a whole module cost more than
+the parse, and a file with nothing to report never needs them).
 Facts come in source order. `print(model.summary())` shows it all.
 """
 
@@ -29,17 +29,20 @@ from libcst.metadata import MetadataWrapper
 from .devices import DeviceBinding, device_bindings
 from .entities import Entities, Entity
 from .flow import EntryPoint, Flow, Function
-from .scopes import Binding, Index, Lines, Scope
+from .positions import Lines
+from .scopes import Binding, Index, Scope
 from .steps import EvaluationRegion, Loop, Steps, TrainingStep
 
 
 class ScriptModel:
     """What a training script is made of. Build it with `ScriptModel.of`."""
 
-    def __init__(self, module: cst.Module, lines: Lines) -> None:
+    def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self.line = lines  # `model.line(node)`: positions are resolved on the first call
         self.index = Index(module)
+        # `model.line(node)`, `model.line.range(node)`: positions, resolved per
+        # top-level statement on the first call
+        self.line = lines = Lines(module, self.index.parent)
         self.flow = Flow(self.index, lines)
         self._entities = Entities(self.index, self.flow, lines)
         steps = Steps(self.index, self.flow, self._entities, lines)
@@ -51,11 +54,8 @@ class ScriptModel:
 
     @classmethod
     def of(cls, source: Union[cst.Module, MetadataWrapper]) -> "ScriptModel":
-        """The model of a module. Given the engine's MetadataWrapper, line
-        numbers come from its positions, resolved (once, for the model and the
-        codemods together) only when a line is first asked for."""
-        wrapper = source if isinstance(source, MetadataWrapper) else MetadataWrapper(source, unsafe_skip_copy=True)
-        return cls(wrapper.module, Lines(wrapper))
+        """The model of a module (or of the engine's MetadataWrapper's module)."""
+        return cls(source.module if isinstance(source, MetadataWrapper) else source)
 
     # -- positions and structure ------------------------------------------------------------
 
@@ -78,7 +78,7 @@ class ScriptModel:
 
     @property
     def parents(self) -> dict:
-        """Every node's parent (the same map as `_base.parent_map`)."""
+        """Every node's parent, but for whitespace, comments and punctuation."""
         return self.index.parents
 
     # -- names ------------------------------------------------------------------------------

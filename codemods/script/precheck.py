@@ -55,6 +55,9 @@ class SourceFacts:
     cuda_strings: int  # string constants that start with "cuda" ("cuda", "cuda:0", f"cuda:{i}")
     nccl_strings: int  # string constants "nccl", in any case (a process-group backend)
     zero_subscripts: int  # `x[0]` (also `x[0,]`, `x[False]`)
+    data_zero_subscripts: int  # `x.data[0]`
+    data_totals: int  # `total += <... .data ...>`, `total = total + <... .data ...>`
+    legacy_reduction_calls: frozenset  # qualified names of callees given `size_average=` or `reduce=`
     local_rank_flag: bool  # a "--local_rank" / "--local-rank" string
     backward_calls: int  # `x.backward(...)`, `manual_backward(...)`, torch.autograd.backward
     training_steps: tuple  # lines of backward calls with a `.step(` in the same function
@@ -148,6 +151,9 @@ class _Walk:
         self.cuda_strings = 0
         self.nccl_strings = 0
         self.zero_subscripts = 0
+        self.data_zero_subscripts = 0
+        self.data_totals = 0
+        self.reduction_chains: collections.Counter = collections.Counter()  # callees given size_average= / reduce=
         self.local_rank_flag = False
         self.backwards: list[tuple[int, int]] = []  # (function index, line)
         self.stepping_functions: set[int] = set()
@@ -190,7 +196,12 @@ class _Walk:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             self._string(node.value)
         elif isinstance(node, ast.Subscript):
-            self.zero_subscripts += _is_index_zero(node.slice)
+            if _is_index_zero(node.slice):
+                self.zero_subscripts += 1
+                value = node.value
+                self.data_zero_subscripts += isinstance(value, ast.Attribute) and value.attr == "data"
+        elif isinstance(node, (ast.AugAssign, ast.Assign)):
+            self.data_totals += _adds_data(node)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             self._import(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -225,6 +236,8 @@ class _Walk:
         chain = _chain(func)
         if chain is not None:
             self.called_chains[chain] += 1
+            if any(keyword.arg in v.LEGACY_REDUCTION for keyword in node.keywords):
+                self.reduction_chains[chain] += 1
         if isinstance(func, ast.Attribute):
             self.methods[func.attr] += 1
             if func.attr in ("backward", "manual_backward"):
@@ -296,6 +309,9 @@ class _Walk:
             cuda_strings=self.cuda_strings,
             nccl_strings=self.nccl_strings,
             zero_subscripts=self.zero_subscripts,
+            data_zero_subscripts=self.data_zero_subscripts,
+            data_totals=self.data_totals,
+            legacy_reduction_calls=frozenset(self._resolve(self.reduction_chains)),
             local_rank_flag=self.local_rank_flag,
             backward_calls=backward_calls,
             training_steps=steps,
@@ -316,6 +332,22 @@ def _chain(node: ast.AST) -> Optional[tuple[str, str]]:
     if not isinstance(node, ast.Name):
         return None
     return node.id, "".join("." + p for p in reversed(parts))
+
+
+def _adds_data(statement: ast.AST) -> bool:
+    """`total += <...>` or `total = total + <...>` (either side), where what
+    is added reads some `.data`: a running total of tensors' data."""
+    added: Optional[ast.AST] = None
+    if isinstance(statement, ast.AugAssign):
+        added = statement.value
+    elif len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        value, name = statement.value, statement.targets[0].id
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+            if isinstance(value.left, ast.Name) and value.left.id == name:
+                added = value.right
+            elif isinstance(value.right, ast.Name) and value.right.id == name:
+                added = value.left
+    return added is not None and any(isinstance(n, ast.Attribute) and n.attr == "data" for n in ast.walk(added))
 
 
 def _is_index_zero(index: ast.AST) -> bool:

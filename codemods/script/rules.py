@@ -100,13 +100,14 @@ def _batch_scale(f: SourceFacts) -> bool:
 
 def _modernize(f: SourceFacts) -> bool:
     """A pre-0.4 idiom can be there: `x.data[0]` or a running total of `.data`
-    read as `total[0]`, Variable, `size_average=`/`reduce=`, or an old
-    `torch.nn.init` name."""
+    read as `total[0]`, Variable, `size_average=`/`reduce=` given to one of
+    torch.nn's losses, or an old `torch.nn.init` name."""
     return (
-        ("data" in f.attributes and f.zero_subscripts > 0)
+        f.data_zero_subscripts > 0
+        or (f.data_totals > 0 and f.zero_subscripts > 0)
         or f.uses(v.VARIABLE)
         or "Variable" in (f.names | f.attributes)
-        or not f.names.isdisjoint(v.LEGACY_REDUCTION)
+        or any(q.startswith("torch.nn.") for q in f.legacy_reduction_calls)
         or f.uses_where(_deprecated_initialiser)
         or any(_deprecated_initialiser(m) for m in f.imported_modules)
     )

@@ -21,7 +21,6 @@ import functools
 from typing import Iterator, Optional, Union
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .._base import _child_fields, dotted_name
 
@@ -91,6 +90,8 @@ class Index:
         self.star_imports: list[str] = []
         self.imports: list[Union[cst.Import, cst.ImportFrom]] = []  # every import statement, in source order
         self.order: dict[cst.CSTNode, int] = {}  # source order of names, attributes, calls, parameters, statements
+        self.nodes: list[cst.CSTNode] = []  # every node, in source order
+        self._of_type: dict[tuple[type, ...], list[cst.CSTNode]] = {}
         self.module_scope = self._new_scope("module", "<module>", module, None)
         self._memo: dict[tuple[int, str], frozenset] = {}
         self._definitions: dict[tuple[str, Scope], list[Binding]] = {}
@@ -106,6 +107,13 @@ class Index:
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.parents.get(node)
+
+    def nodes_of(self, *types: type) -> list[cst.CSTNode]:
+        """Every node of these types in the module, in source order (a walk
+        of a large module costs seconds; this list is kept)."""
+        if types not in self._of_type:
+            self._of_type[types] = [node for node in self.nodes if isinstance(node, types)]
+        return self._of_type[types]
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         current = self.parents.get(node)
@@ -202,20 +210,6 @@ class Index:
         return isinstance(node, cst.Call) and self.is_qualified(node.func, names)
 
 
-class Lines:
-    """Line numbers, looked up when first asked: LibCST's positions cost more
-    than parsing the file, and a codemod that reports nothing never needs them."""
-
-    def __init__(self, source: Union[cst.Module, MetadataWrapper]) -> None:
-        self._wrapper = source if isinstance(source, MetadataWrapper) else MetadataWrapper(source, unsafe_skip_copy=True)
-        self._positions = None
-
-    def __call__(self, node: cst.CSTNode) -> int:
-        if self._positions is None:
-            self._positions = self._wrapper.resolve(PositionProvider)
-        return self._positions[node].start.line
-
-
 _ORDERED = (cst.Name, cst.Attribute, cst.Call, cst.Param, cst.BaseSmallStatement, cst.BaseCompoundStatement)
 _SCOPED = (cst.Name, cst.Call, cst.BaseSmallStatement, cst.BaseCompoundStatement)
 # The nodes `_Walker._visit` acts on: definitions, scopes and bindings.
@@ -255,9 +249,10 @@ class _Walker:
     def run(self) -> None:
         index = self.index
         self.stack.append((index.module, index.module_scope))
-        parents = index.parents
+        parents, nodes = index.parents, index.nodes
         while self.stack:
             node, scope = self.stack.pop()
+            nodes.append(node)
             ordered, scoped, is_call, binds = _roles(type(node))
             if ordered:
                 index.order[node] = len(index.order)
@@ -265,7 +260,7 @@ class _Walker:
                 index.scope_of_node[node] = scope
                 if is_call:
                     scope.calls.append(node)
-            kids = children(node)
+            kids = [child for child in children(node) if not _is_layout(type(child))]
             for child in kids:
                 parents[child] = node
             inner = self._visit(node, scope) if binds else None
@@ -383,6 +378,23 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 _node_types: dict[type, bool] = {}
 
+# Whitespace, comments and punctuation: most of a module's nodes, and none of
+# them names, binds or calls anything. The index leaves them out (they have no
+# parent, scope or order there).
+_LAYOUT = (
+    cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.Newline, cst.EmptyLine, cst.Comment,
+    cst.Comma, cst.Dot, cst.Colon, cst.Semicolon, cst.AssignEqual, cst.LeftParen, cst.RightParen,
+    cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace,
+)  # fmt: skip
+_layout_types: dict[type, bool] = {}
+
+
+def _is_layout(kind: type) -> bool:
+    known = _layout_types.get(kind)
+    if known is None:
+        known = _layout_types[kind] = issubclass(kind, _LAYOUT)
+    return known
+
 
 def _is_node_type(kind: type) -> bool:
     """issubclass(kind, CSTNode), remembered: CSTNode is an abstract class,
@@ -410,4 +422,4 @@ def positional_parameters(function: cst.FunctionDef) -> list[str]:
     return [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
 
 
-__all__ = ["BUILTINS", "Binding", "Index", "Lines", "Scope", "all_params", "children", "parameter_names", "positional_parameters"]
+__all__ = ["BUILTINS", "Binding", "Index", "Scope", "all_params", "children", "parameter_names", "positional_parameters"]

@@ -20,11 +20,12 @@ from typing import Iterator, Optional, Union
 import libcst as cst
 
 from .._base import code_of, dotted_name
-from .scopes import children as walk_children
 from . import vocabulary as v
 from .entities import Entities, Entity
 from .flow import Flow
-from .scopes import Index, Lines, Scope
+from .positions import Lines
+from .scopes import Index, Scope
+from .scopes import children as walk_children
 
 DETACHING = frozenset({"detach", "detach_", "item", "tolist", "numpy"})
 # Wrappers a loop's iterable is often built with around the loader itself.

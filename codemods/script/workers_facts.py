@@ -20,8 +20,8 @@ import libcst as cst
 
 from .._base import dotted_name
 from .._item.syntax import first_line
-from .uses import uses_of
 from .model import ScriptModel
+from .uses import uses_of
 from .vocabulary import DATALOADER_MODULES
 
 _cache: "weakref.WeakKeyDictionary[ScriptModel, WorkersFacts]" = weakref.WeakKeyDictionary()
