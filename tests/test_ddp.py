@@ -52,7 +52,7 @@ from accelmigrate.codemods.script.ddp_spelling import is_unbound, reads_import_o
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime import distributed
 
-from conftest import ROOT, SCRIPTS, TEARDOWN_ABORT, run_cli
+from conftest import ROOT, SCRIPTS, TEARDOWN_ABORT, TEARDOWN_RERUNS, run_cli
 
 LAUNCH_TIMEOUT = 600
 EPOCHS = 3
@@ -305,7 +305,7 @@ class Launch:
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
 
-    def wait(self, again_after_teardown_abort: bool = True) -> "Launch":
+    def wait(self, reruns_left: int = TEARDOWN_RERUNS) -> "Launch":
         try:
             self.process.wait(LAUNCH_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -313,9 +313,9 @@ class Launch:
             self.process.wait()
         self.returncode = self.process.returncode
         self.stdout, self.stderr = self.stdout_path.read_text(), self.stderr_path.read_text()
-        if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and again_after_teardown_abort:
+        if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and reruns_left > 0:
             self._start()  # see conftest.TEARDOWN_ABORT
-            return self.wait(again_after_teardown_abort=False)
+            return self.wait(reruns_left - 1)
         return self
 
     def describe(self) -> str:
