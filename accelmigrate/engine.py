@@ -26,6 +26,7 @@ import ast
 import bisect
 import dataclasses
 import difflib
+import gc
 import io
 import os
 import re
@@ -37,7 +38,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -69,6 +70,11 @@ CODEMOD_FAILED = "AM000"
 # nesting; LibCST needs some 7 frames a level, each well under 10 KiB of C stack.
 DEEP_RECURSION_LIMIT = 50_000
 DEEP_STACK_BYTES = 512 * 2**20  # address space: only the pages used are ever touched
+# While a file is migrated, the garbage collector passes less often: a LibCST
+# tree of a large file is millions of objects, freed by reference counting
+# anyway, and at CPython's default thresholds (a young-generation pass every
+# 700 allocations) the collector took a fifth of a check over torch's sources.
+GC_THRESHOLDS = (50_000, 20, 100)
 
 # A notebook has no entry point to restructure: its cells run top to bottom in
 # one long-lived kernel that no launcher starts twice. main-guard and ddp are
@@ -174,7 +180,7 @@ def _run_one(
     try:
         codemod = cls(context, options, suppressions, rewrite=rewrite)
         tree = wrapper.visit(codemod)
-        if codemod.imports_changed:
+        if rewrite and codemod.imports_changed:  # without `rewrite` the tree is not wanted
             tree = add_imports(context, tree)
             if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
                 tree = RemoveImportsVisitor(context).transform_module(tree)
@@ -239,6 +245,11 @@ def migrate_source(
     restructure a script's entry point, and those that need them, are left
     out, with one note naming those that would have applied.
     """
+    with _rarer_collections:
+        return _migrate_source(source, plan, path, check_only, notebook)
+
+
+def _migrate_source(source: str, plan: Plan, path: str, check_only: bool, notebook: bool) -> Migration:
     selected = codemods_that_may_apply(source, plan, path)
     left_out: list[str] = []
     if notebook:
@@ -285,16 +296,17 @@ def _run_codemods(
 ) -> Migration:
     original = _Stage.of(_parse(source, path), source)
     findings: list[Finding] = []
+    line_maps: dict[str, dict[int, int]] = {}  # a version's code -> its lines' lines in `source`
 
     def advance(
         stage: _Stage, cls: type[Codemod], options: Mapping[str, str], *, record: bool = True, read: bool = True
     ) -> _Stage:
         """The stage after `cls`. When no later codemod `read`s it, only its
-        findings count: its code is never printed (its imports are still
-        added, so that check fails where apply would)."""
+        findings count: the codemod plans and reports as in `apply`, but
+        neither rewrites the tree nor adds or removes imports."""
         tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions, rewrite=read)
         if record:
-            findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source))
+            findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source, line_maps))
         return _Stage.of(tree, tree.code) if changed and read else stage
 
     if check_only:
@@ -375,30 +387,39 @@ def _start_with_deep_stack(run: Callable[[], None]) -> Optional[threading.Thread
     return thread
 
 
-class _RaisedRecursionLimit:
-    """The first deep-stack thread to enter raises the limit; the last to
-    leave puts back what it was."""
+class _SharedSetting:
+    """A process-wide setting changed while at least one thread is inside:
+    the first to enter changes it, the last to leave puts back what was there."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[], Any], write: Callable[[Any], None], changed: Callable[[Any], Any]) -> None:
+        self.read, self.write, self.changed = read, write, changed
         self.lock = threading.Lock()
         self.inside = 0
-        self.before = 0
+        self.before: Any = None
 
     def __enter__(self) -> None:
         with self.lock:
             if self.inside == 0:
-                self.before = sys.getrecursionlimit()
-                sys.setrecursionlimit(max(self.before, DEEP_RECURSION_LIMIT))
+                self.before = self.read()
+                self.write(self.changed(self.before))
             self.inside += 1
 
     def __exit__(self, *exc) -> None:
         with self.lock:
             self.inside -= 1
             if self.inside == 0:
-                sys.setrecursionlimit(self.before)
+                self.write(self.before)
 
 
-_raised_recursion_limit = _RaisedRecursionLimit()
+_raised_recursion_limit = _SharedSetting(
+    sys.getrecursionlimit, sys.setrecursionlimit, lambda before: max(before, DEEP_RECURSION_LIMIT)
+)
+# 0: collection is off, and stays off.
+_rarer_collections = _SharedSetting(
+    gc.get_threshold,
+    lambda thresholds: gc.set_threshold(*thresholds),
+    lambda before: tuple(max(mine, theirs) for mine, theirs in zip(GC_THRESHOLDS, before)) if before[0] else before,
+)
 
 
 def _required_words(selected: Sequence[tuple[type[Codemod], Mapping[str, str]]]) -> set[str]:
@@ -419,17 +440,23 @@ def _prerequisites(cls: type[Codemod]) -> set[str]:
     return found
 
 
-def _in_original_lines(findings: list[Finding], stage: str, original: str) -> list[Finding]:
+def _in_original_lines(
+    findings: list[Finding], stage: str, original: str, line_maps: Optional[dict[str, dict[int, int]]] = None
+) -> list[Finding]:
     """Findings positioned in an intermediate version of the file, moved to the
     matching lines of the original: a line that an earlier codemod re-indented
     or moved (main-guard puts a flat script's code under its guard) maps to
     its original line, the column shifted by the change of indentation; a line
     that an earlier codemod inserted maps to the original line where it was
-    inserted."""
+    inserted. `line_maps` keeps each version's map for the codemods that
+    report on the same version after this one."""
     if not findings:
         return findings
     before, after = _lines(original), _lines(stage)
-    to_original = _line_map(before, after)
+    line_maps = {} if line_maps is None else line_maps
+    to_original = line_maps.get(stage)
+    if to_original is None:
+        to_original = line_maps[stage] = _line_map(before, after)
     moved = []
     for finding in findings:
         line = to_original.get(finding.line, finding.line)
@@ -468,9 +495,9 @@ def _line_map(before: list[str], after: list[str]) -> dict[int, int]:
 
 
 # difflib compares each line with every equal line of the other side: past
-# this many comparisons (a long file of repeated lines) only the stretches
-# between anchors go through it.
-DIFFLIB_COMPARISONS = 2_000_000
+# this many comparisons (a file of a few thousand lines, many of them blank
+# or repeated) only the stretches between anchors go through it.
+DIFFLIB_COMPARISONS = 200_000
 
 
 def _line_opcodes(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, int, int, int, int]]:

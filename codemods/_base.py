@@ -17,7 +17,7 @@ from typing import ClassVar, Collection, Iterable, Iterator, Mapping, Optional, 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider
 
 # The script model of the latest version of a file (its MetadataWrapper):
@@ -30,6 +30,8 @@ def _script_model(wrapper):
     from .script import ScriptModel  # the model imports helpers from this module
 
     if _latest_script[0] is not wrapper:
+        if _latest_script[1] is not None:
+            _latest_script[1].release()
         _latest_script[:] = [wrapper, ScriptModel.of(wrapper)]
     return _latest_script[1]
 
@@ -113,7 +115,7 @@ class Codemod(cst.CSTTransformer):
     def get_metadata(self, key, node, default=_NO_DEFAULT):
         """As LibCST's, with PositionProvider and ParentNodeProvider computed
         the first time they are asked for, over the tree being visited
-        (positions by the script model, one top-level statement at a time)."""
+        (positions by the script model, one statement at a time)."""
         if key is ParentNodeProvider:
             if self._parent_map is None:
                 self._parent_map = parent_map(self.context.wrapper.module)
@@ -205,6 +207,16 @@ class Codemod(cst.CSTTransformer):
         AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
         self.imports_changed = True
 
+    def remove_import_of(self, node: cst.CSTNode) -> None:
+        """Schedule the removal of the import that `node` (a use, or an import
+        statement) relies on, once nothing else uses it; the engine applies
+        it. Only where the new tree is wanted: LibCST resolves the scopes of
+        the whole module for it, and a check that only wants findings does
+        not print the tree."""
+        if self.rewrite:
+            RemoveImportsVisitor.remove_unused_import_by_node(self.context, node)
+        self.imports_changed = True
+
     # -- matching by meaning -------------------------------------------------
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset:
@@ -290,16 +302,10 @@ def walk(node: cst.CSTNode, *, into_definitions: bool = True) -> Iterator[cst.CS
     while stack:
         current = stack.pop()
         yield current
-        children = []
-        for name in _child_fields(type(current)):
-            value = getattr(current, name)
-            if isinstance(value, cst.CSTNode):
-                children.append(value)
-            elif isinstance(value, (list, tuple)):
-                children.extend(item for item in value if isinstance(item, cst.CSTNode))
+        found = children(current)
         if not into_definitions:
-            children = [child for child in children if not isinstance(child, _DEFINITIONS)]
-        stack.extend(reversed(children))
+            found = [child for child in found if not isinstance(child, _DEFINITIONS)]
+        stack.extend(reversed(found))
 
 
 def parent_map(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -308,19 +314,40 @@ def parent_map(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        for name in _child_fields(type(node)):
-            value = getattr(node, name)
-            children = value if isinstance(value, (list, tuple)) else (value,)
-            for child in children:
-                if isinstance(child, cst.CSTNode):
-                    parents[child] = node
-                    stack.append(child)
+        for child in children(node):
+            parents[child] = node
+            stack.append(child)
     return parents
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node`'s children, in source order, read from its dataclass fields."""
+    found: list[cst.CSTNode] = []
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        kind = type(value)
+        if kind is list or kind is tuple:
+            found.extend(item for item in value if _is_node_type(type(item)))
+        elif _is_node_type(kind):
+            found.append(value)
+    return found
 
 
 @functools.lru_cache(maxsize=None)
 def _child_fields(node_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(node_type))
+
+
+_node_types: dict[type, bool] = {}
+
+
+def _is_node_type(kind: type) -> bool:
+    """issubclass(kind, CSTNode), remembered: CSTNode is an abstract class,
+    and testing one costs far more than a dictionary look-up."""
+    known = _node_types.get(kind)
+    if known is None:
+        known = _node_types[kind] = issubclass(kind, cst.CSTNode)
+    return known
 
 
 def dotted_name(node: cst.BaseExpression) -> str:

@@ -12,7 +12,10 @@
 """
 
 import dataclasses
+import gc
 import re
+import sys
+import weakref
 
 import libcst as cst
 import pytest
@@ -20,6 +23,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
 from accelmigrate import engine
+from accelmigrate.codemods import _base as codemods_base
 from accelmigrate.codemods import Codemod, UnknownCodemod, all_codemods, resolve
 from accelmigrate.engine import MigrationError, add_imports, migrate_source
 
@@ -186,3 +190,49 @@ def test_codemods_that_plan_in_visit_module_record_nothing_during_their_walk(mon
     assert planners and not planners & reported_while_walking
     assert reported_while_walking  # the probe works: the codemods that report while walking are seen to
 
+
+
+def test_migrating_puts_back_the_collector_s_thresholds_and_the_recursion_limit():
+    source = "import torch\nx = torch.ones(2).cuda()\n"
+    plan = [("device", {})]
+    seen = []
+
+    before = (gc.get_threshold(), sys.getrecursionlimit())
+    original = engine._run_codemods
+
+    def watched(*args):
+        seen.append((gc.get_threshold(), sys.getrecursionlimit()))
+        return original(*args)
+
+    try:
+        engine._run_codemods = watched
+        assert migrate_source(source, plan).code != source
+    finally:
+        engine._run_codemods = original
+    (thresholds, limit), = seen
+    assert thresholds[0] >= engine.GC_THRESHOLDS[0] and limit >= engine.DEEP_RECURSION_LIMIT
+    assert (gc.get_threshold(), sys.getrecursionlimit()) == before
+    gc.set_threshold(0)  # collection turned off by the caller stays off
+    try:
+        migrate_source(source, plan)
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before[0])
+
+
+def test_a_file_s_script_model_goes_with_the_next_file_not_with_the_collector():
+    """The facts codemods derive from a model point back at it; they are
+    dropped when the next file's model is built, so the model (and its tree)
+    is freed then, not at a full collection that a large heap makes rare."""
+    plan = _every_codemod()
+    source = (FIXTURES / "amp" / "class_trainer.py").read_text(encoding="utf-8")
+    gc.collect()
+    gc.disable()
+    try:
+        migrate_source(source, plan)
+        first = weakref.ref(codemods_base._latest_script[1])
+        migrate_source(source.replace("import torch\n", "import torch\n\n", 1), plan)
+        assert codemods_base._latest_script[1] is not first()
+        assert first() is None
+    finally:
+        gc.enable()

@@ -1,4 +1,4 @@
-"""Positions computed one top-level statement at a time (codemods/script/positions.py)
+"""Positions computed one statement at a time (codemods/script/positions.py)
 are LibCST's PositionProvider's, node by node."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ SHAPES = {
     "no trailing newline": "import torch\nx = torch.ones(2).cuda()",
     "comments only": "# nothing but\n# comments\n",
     "form feed": "x = 1\n\x0c\ndef f():\n    return 2\n",
+    "nested bodies, elif and odd indentation": "class A:\n  def f(self, x):\n\n      # c\n      if x:\n        y = 1\n      elif x > 1:\n        y = 2\n      else:\n       y = 3\n      while y: y -= 1\n      try:\n          pass\n      finally:\n          z = x.cuda()\n      return y\n  @property\n  def g(self): return 1\n",
 }
 
 
@@ -59,3 +60,14 @@ def test_a_statement_is_laid_out_only_when_a_node_in_it_is_asked_for():
     three = module.body[2].body[0].value.elements[0].value
     assert lines(three) == 4
     assert lines._done == {module.body[2]}
+
+
+def test_a_report_in_one_method_lays_out_that_statement_not_the_class():
+    source = "class Trainer:\n" + "".join(f"    def step{i}(self, x):\n        y = x + {i}\n        return y.cuda()\n\n" for i in range(50))
+    module = cst.parse_module(source)
+    lines = ScriptModel.of(module).line
+    method = module.body[0].body.body[30]
+    call = method.body.body[1].body[0].value
+    assert lines(call) == 2 + 4 * 30 + 2
+    assert lines.range(call) == MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)[call]
+    assert lines._done == {method.body.body[1]}

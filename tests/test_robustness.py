@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from accelmigrate import engine
 from accelmigrate.cli import main
+from accelmigrate.codemods import all_codemods
 from accelmigrate.engine import migrate_source
 
 LOOP = textwrap.dedent(
@@ -234,18 +235,27 @@ def test_nesting_deeper_than_python_accepts_is_an_input_error(project: Path):
     assert (project / "train.py").read_text() == MIGRATED
 
 
-class _ImportsThatRecurseForever:
-    def __init__(self, context):
-        pass
-
-    def transform_module(self, tree):
-        raise RecursionError("maximum recursion depth exceeded")
+def _recurse_forever(*args, **kwargs):
+    raise RecursionError("maximum recursion depth exceeded")
 
 
-@pytest.mark.parametrize("command", [["apply"], ["apply", "--diff"], ["check"]])
-def test_a_codemod_that_fails_is_an_error_exit_with_a_summary(project: Path, monkeypatch, command):
+# A codemod fails in its planning (every command runs it) or, in apply, in the
+# import bookkeeping after it (a check that only wants findings skips that).
+FAILURES = {
+    "apply, imports": (["apply"], "AddImportsVisitor"),
+    "diff, imports": (["apply", "--diff"], "AddImportsVisitor"),
+    "apply, planning": (["apply"], "planning"),
+    "check, planning": (["check"], "planning"),
+}
+
+
+@pytest.mark.parametrize("command, where", FAILURES.values(), ids=FAILURES.keys())
+def test_a_codemod_that_fails_is_an_error_exit_with_a_summary(project: Path, monkeypatch, command, where):
     (project / "gpu.py").write_text(SCRIPT_WITH_GPU)
-    monkeypatch.setattr(engine, "AddImportsVisitor", _ImportsThatRecurseForever)
+    if where == "planning":
+        monkeypatch.setattr(all_codemods()["device"], "visit_Module", _recurse_forever)
+    else:
+        monkeypatch.setattr(engine, where, lambda context: type("Failing", (), {"transform_module": _recurse_forever})())
     result = invoke(*command, "--to", "device", "gpu.py", cwd=project)
     assert result.exit_code == 2
     assert "gpu.py:1:1: AM000 codemod 'device' failed and changed nothing: RecursionError" in result.stdout

@@ -183,6 +183,28 @@ def test_precheck_resolves_aliases_and_sees_no_grad():
     assert facts_of("train_args_device.py").no_grad
 
 
+@pytest.mark.parametrize(
+    "code, placements",
+    [
+        ('x.to("cuda")', 1), ('torch.device("cuda:1")', 1), ('f"cuda:{rank}"', 1), ('"cuda:%d" % i', 1),
+        ('"cuda:{}".format(i)', 1), ('"cuda:" + str(i)', 1), ('parser.add_argument("--device", default="cuda")', 1),
+        ('x.device.type == "cuda"', 0), ('"cuda" != kind', 0), ('torch.autocast(device_type="cuda")', 0),
+        ('backends = ["cudnn", "cuda_graph"]', 0), ('print("cuda is not available")', 0),
+    ],
+)
+def test_precheck_counts_only_strings_that_may_place_on_cuda(code, placements):
+    assert precheck(code + "\n").cuda_strings == placements
+
+
+def test_precheck_keeps_device_only_for_what_it_rewrites_or_reports():
+    kept = ["x.cuda()", "torch.cuda.synchronize()", "torch.cuda.set_device(0)", "t = torch.cuda.FloatTensor(2)",
+            "ok = torch.cuda.is_available()", "from torch.cuda import *\nsynchronize()", 'x.to("cuda")']
+    dropped = ["torch.cuda.manual_seed(0)", "n = torch.cuda.memory_allocated()", 'if x.device.type == "cuda": pass']
+    for code in kept + dropped:
+        facts = precheck("import torch\n" + code + "\n")
+        assert (words_that_may_apply(facts, ["device"]) == ["device"]) == (code in kept), code
+
+
 def test_precheck_rejects_what_no_codemod_can_match():
     source = '"""A library module: defines layers, trains nothing."""\nimport torch\n\n\ndef scale(x):\n    return torch.relu(x) * 2\n'
     assert words_that_may_apply(precheck(source), list(all_codemods())) == []

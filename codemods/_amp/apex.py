@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from .._base import code_of, walk
 from .plan import (
@@ -137,7 +136,7 @@ class Apex:
                 self.edits.remove.add(edit.line)
         for node in dict.fromkeys(b.statement for b in self.script.imports):
             if self.imports_apex_amp(node):
-                RemoveImportsVisitor.remove_unused_import_by_node(self.context, node)
+                self.remove_import_of(node)
 
     def imports_apex_amp(self, node: Union[cst.Import, cst.ImportFrom]) -> bool:
         if isinstance(node, cst.ImportFrom):

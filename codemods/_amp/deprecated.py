@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from .._base import code_of
 from .plan import CPU, NO_SPACE_EQUAL, PRECISION, Problem, Ref, without_parens
@@ -183,9 +182,8 @@ class DeprecatedApi:
 
     def forget_import_of(self, node: cst.CSTNode) -> None:
         """Drop the import of the deprecated name once nothing uses it."""
-        RemoveImportsVisitor.remove_unused_import_by_node(self.context, node)
+        self.remove_import_of(node)
         self.need_torch()
-        self.imports_changed = True  # the engine then runs the import bookkeeping
 
     @staticmethod
     def keyword_for_position(arg: cst.Arg, index: int) -> cst.Arg:

@@ -151,13 +151,17 @@ class CallPlans:
     def _plan_string_arguments(self, call: cst.Call) -> None:
         """"cuda" passed where torch expects a device: `.to("cuda")`,
         `torch.zeros(..., device="cuda")`, `torch.set_default_device("cuda")`."""
+        default = keyword_arg(call, "default")
+        flag_default = method_name(call) == "add_argument" and default is not None and cuda_literal(default.value) is not None
+        arguments = list(self._device_string_arguments(call))
+        if not (flag_default or arguments):
+            return  # most calls: nothing to look up
         if any(name.startswith(STRING_DEVICE_APIS) for name in self.qualified_names(call.func)):
             return  # torch.autocast("cuda"), GradScaler(device="cuda"): the amp codemod's concern
-        default = keyword_arg(call, "default")
-        if method_name(call) == "add_argument" and default is not None and cuda_literal(default.value) is not None:
+        if flag_default:
             self.report(default.value, "AM302", "command-line device defaulting to \"cuda\": make the default None and use `torch.device(args.device) if args.device else get_device()`")
             return
-        for arg in self._device_string_arguments(call):
+        for arg in arguments:
             if self._is_explicit(arg.value):
                 self.report(arg.value, "AM310", self._explicit_reason())
                 continue
@@ -180,9 +184,13 @@ class CallPlans:
 
     def _device_string_arguments(self, call: cst.Call) -> Iterable[cst.Arg]:
         """Arguments that name a CUDA device as a string and that we look at."""
-        if self.is_call_to(call, TORCH_DEVICE) or call in self._definition_nodes:
+        literals = [
+            (position, arg) for position, arg in enumerate(call.args)
+            if cuda_literal(arg.value) is not None or integer_value(arg.value) is not None
+        ]
+        if not literals or self.is_call_to(call, TORCH_DEVICE) or call in self._definition_nodes:
             return  # torch.device(...) is handled whole
-        for position, arg in enumerate(call.args):
+        for position, arg in literals:
             if cuda_literal(arg.value) is None and not self._is_torch_ordinal(call, arg):
                 continue
             if arg.keyword is not None and arg.keyword.value in ("device", "map_location"):

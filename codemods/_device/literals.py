@@ -8,13 +8,15 @@ from typing import Optional, Union
 
 import libcst as cst
 
+from ..script.vocabulary import (  # noqa: F401  (shared with the pre-check rule)
+    CUDA_DEVICE_CONTEXT, IS_AVAILABLE, LEGACY_DTYPES, LEGACY_TYPES, NEEDS_GPU, SET_DEVICE,
+)
+
 RUNTIME_MODULE = "accelmigrate.runtime.device"
 GET_DEVICE = {f"{RUNTIME_MODULE}.get_device", "accelmigrate.runtime.get_device"}
 DEVICE_AT = f"{RUNTIME_MODULE}.device_at"
 TORCH_DEVICE = {"torch.device"}
 TORCH_LOAD = {"torch.load", "torch.serialization.load"}
-SET_DEVICE = {"torch.cuda.set_device"}
-CUDA_DEVICE_CONTEXT = {"torch.cuda.device"}  # `with torch.cuda.device(i):`
 # What the launcher says this process's local rank is: get_device() picks the same GPU.
 LOCAL_RANK_FUNCTIONS = {"torch.distributed.get_node_local_rank", "accelmigrate.runtime.env.local_rank"}
 ENVIRON = {"os.environ"}
@@ -23,28 +25,12 @@ LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")  # torch.distributed.launch 
 # Blocks whose body is expected to raise: what they run is the test's point.
 EXPECTS_ERROR_METHODS = {"assertRaises", "assertRaisesRegex", "assertRaisesRegexp"}
 EXPECTS_ERROR_FUNCTIONS = {"pytest.raises"}
-IS_AVAILABLE = {"torch.cuda.is_available"}
 SET_DEFAULT_DEVICE = {"torch.set_default_device"}
 INIT_PROCESS_GROUP = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
 BACKEND_MODULE = "accelmigrate.runtime.backend"
 DEFAULT_BACKEND = f"{BACKEND_MODULE}.default_backend"
 LEGACY_MODULE = "accelmigrate.runtime.legacy"
 TENSOR_TYPE = f"{LEGACY_MODULE}.tensor_type"
-# Legacy tensor type names and the dtype each one holds.
-LEGACY_DTYPES = {
-    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Byte": "uint8",
-    "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64", "Bool": "bool",
-}
-LEGACY_TYPES = {f"torch.cuda.{kind}Tensor" for kind in LEGACY_DTYPES}
-# torch.cuda functions that raise without a GPU (CPU builds assert on them).
-NEEDS_GPU = {
-    f"torch.cuda.{name}"
-    for name in (
-        "synchronize", "current_device", "get_device_name", "get_device_properties",
-        "get_device_capability", "reset_peak_memory_stats", "reset_max_memory_allocated",
-        "Event", "Stream", "current_stream", "default_stream", "stream", "set_stream",
-    )
-}
 # Callables under torch whose `device` argument is a string by contract.
 STRING_DEVICE_APIS = ("torch.amp.", "torch.cuda.", "torch.autocast", "torch.cpu.amp.")
 # Tensor and Module methods that take `device=`.

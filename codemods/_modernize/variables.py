@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
-from libcst.codemod.visitors import RemoveImportsVisitor
 
 from .._base import code_of, has_star_args, keyword_arg, walk
 from .._item.syntax import first_line, positional_args
@@ -141,8 +140,7 @@ class VariablePlans:
     def _drop_variable_imports(self) -> None:
         for binding in self.model.imports:
             if binding.qualified in v.VARIABLE or binding.qualified == "torch.autograd" and binding.name != "torch":
-                RemoveImportsVisitor.remove_unused_import_by_node(self.context, binding.statement)
-                self.imports_changed = True
+                self.remove_import_of(binding.statement)
 
     # spelling `torch` where code is added ------------------------------------------
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import weakref
 from typing import Callable, Optional
 
 import libcst as cst
@@ -71,23 +70,21 @@ def anchors(script: ScriptModel) -> tuple[dict, dict]:
     return in_loops, loose
 
 
-_ddp_models: "weakref.WeakKeyDictionary[ScriptModel, frozenset]" = weakref.WeakKeyDictionary()
-
-
 def ddp_models(script: ScriptModel) -> frozenset:
     """The names (or `self.x`) assigned a DistributedDataParallel wrap, under a
     condition or not, or `X = DistributedDataParallel(...) if ... else X`
     (found once per model: every loop asks)."""
-    found = _ddp_models.get(script)
-    if found is None:
-        found = _ddp_models[script] = frozenset(
-            binding.name
-            for scope in script.scopes
-            for bindings in scope.bindings.values()
-            for binding in bindings
-            if binding.kind == "assign" and binding.value is not None and _wraps_in_ddp(script, binding.value)
-        )
-    return found
+    return script.derived(_ddp_wrapped_names)
+
+
+def _ddp_wrapped_names(script: ScriptModel) -> frozenset:
+    return frozenset(
+        binding.name
+        for scope in script.scopes
+        for bindings in scope.bindings.values()
+        for binding in bindings
+        if binding.kind == "assign" and binding.value is not None and _wraps_in_ddp(script, binding.value)
+    )
 
 
 def _wraps_in_ddp(script: ScriptModel, value: cst.BaseExpression) -> bool:

@@ -11,7 +11,6 @@ computed only when asked.
 
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import libcst as cst
@@ -20,14 +19,9 @@ from .._base import walk
 from .model import ScriptModel
 from .uses import uses_of
 
-_cache: "weakref.WeakKeyDictionary[ScriptModel, DeviceFacts]" = weakref.WeakKeyDictionary()
-
 
 def device_facts(model: ScriptModel) -> "DeviceFacts":
-    found = _cache.get(model)
-    if found is None:
-        found = _cache[model] = DeviceFacts(model)
-    return found
+    return model.derived(DeviceFacts)
 
 
 class DeviceFacts:

@@ -9,7 +9,6 @@ already ordered (no walk of the whole tree).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Optional
 
 import libcst as cst
@@ -18,14 +17,9 @@ from .model import ScriptModel
 from .scopes import BUILTINS, Scope
 from .uses import uses_of
 
-_cache: "weakref.WeakKeyDictionary[ScriptModel, ItemFacts]" = weakref.WeakKeyDictionary()
-
 
 def item_facts(model: ScriptModel) -> "ItemFacts":
-    found = _cache.get(model)
-    if found is None:
-        found = _cache[model] = ItemFacts(model)
-    return found
+    return model.derived(ItemFacts)
 
 
 @dataclasses.dataclass(eq=False)

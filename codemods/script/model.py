@@ -13,15 +13,15 @@
 
 The facts are plain data classes whose repr a test can print; they point at
 the LibCST nodes (by identity), so a codemod can rewrite what it is told
-about, and give their `line` (looked up on first use, one top-level
-statement at a time: LibCST's positions of a whole module cost more than
+about, and give their `line` (looked up on first use, one statement at
+a time: LibCST's positions of a whole module cost more than
 the parse, and a file with nothing to report never needs them).
 Facts come in source order. `print(model.summary())` shows it all.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper
@@ -33,6 +33,8 @@ from .positions import Lines
 from .scopes import Binding, Index, Scope
 from .steps import EvaluationRegion, Loop, Steps, TrainingStep
 
+_Facts = TypeVar("_Facts")
+
 
 class ScriptModel:
     """What a training script is made of. Build it with `ScriptModel.of`."""
@@ -40,8 +42,8 @@ class ScriptModel:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self.index = Index(module)
-        # `model.line(node)`, `model.line.range(node)`: positions, resolved per
-        # top-level statement on the first call
+        # `model.line(node)`, `model.line.range(node)`: positions, resolved one
+        # statement at a time when first asked
         self.line = lines = Lines(module, self.index.parent)
         self.flow = Flow(self.index, lines)
         self._entities = Entities(self.index, self.flow, lines)
@@ -51,6 +53,22 @@ class ScriptModel:
         self._steps = steps
         self.devices: list[DeviceBinding] = device_bindings(self.index, self._entities, lines)
         self.entry: EntryPoint = self.flow.entry_point()
+        self._derived: dict = {}
+
+    def derived(self, build: Callable[["ScriptModel"], _Facts]) -> _Facts:
+        """`build(self)`, computed once per model: the facts that one family of
+        codemods derives from the model (uses of names, device facts...).
+        Kept on the model, so they live and die with it; `release` drops them."""
+        found = self._derived.get(build)
+        if found is None:
+            found = self._derived[build] = build(self)
+        return found
+
+    def release(self) -> None:
+        """Drop the derived facts: they point back at the model, and without
+        them the model and its tree are freed as soon as nothing uses them,
+        not at the garbage collector's next full pass."""
+        self._derived.clear()
 
     @classmethod
     def of(cls, source: Union[cst.Module, MetadataWrapper]) -> "ScriptModel":

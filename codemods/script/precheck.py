@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import re
 from typing import Callable, Collection, Iterable, Mapping, Optional
 
 from . import vocabulary as v
@@ -52,7 +53,7 @@ class SourceFacts:
     method_calls: Mapping[str, int]  # `x.name(...)` -> calls, whatever x is
     names: frozenset  # Name identifiers, function, class, parameter and import names
     attributes: frozenset  # `x.name` attribute names
-    cuda_strings: int  # string constants that start with "cuda" ("cuda", "cuda:0", f"cuda:{i}")
+    cuda_strings: int  # strings that name or format a CUDA device ("cuda", "cuda:0", f"cuda:{i}", "cuda:%d"), but not compared or given as `device_type=`
     nccl_strings: int  # string constants "nccl", in any case (a process-group backend)
     zero_subscripts: int  # `x[0]` (also `x[0,]`, `x[False]`)
     data_zero_subscripts: int  # `x.data[0]`
@@ -119,10 +120,6 @@ class SourceFacts:
     def no_grad(self) -> bool:
         return self.uses(v.NO_GRAD)
 
-    def mentions_cuda(self) -> bool:
-        """`.cuda(`, `torch.cuda.`, `from torch import cuda`, a "cuda..." string."""
-        return "cuda" in self.attributes or "cuda" in self.names or self.cuda_strings > 0
-
 
 def precheck(source: str) -> SourceFacts:
     """The facts of `source`; raises SyntaxError as `ast.parse` does."""
@@ -132,6 +129,18 @@ def precheck(source: str) -> SourceFacts:
 # -- the walk ---------------------------------------------------------------------------
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+# A string that names a CUDA device, or the text around an index formatted
+# into one (`f"cuda:{i}"`, `"cuda:{}".format(i)`, `"cuda:%d" % i`, `"cuda:" + str(i)`):
+# the only strings the `device` codemod rewrites or reports ("cudnn", "cuda_graph"
+# and "cuda not available" are none of them).
+_CUDA_DEVICE_TEXT = re.compile(r"cuda(:(\d+|\{0?\}|%[dsi])?)?")
+# Leaves that tell nothing (a Name's Load or Store, `+`, `==`, `and`): a
+# sixth of the nodes, skipped before they are visited.
+_NO_FACTS = frozenset(
+    kind
+    for base in (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+    for kind in base.__subclasses__()
+)
 
 
 class _Walk:
@@ -161,6 +170,7 @@ class _Walk:
         self.module_constants: set[str] = set()
         self.main_guard = False
         self._function_count = 0
+        self._not_placing: set[int] = set()  # ids of strings that are compared or name a device type
         self._run(tree)
 
     def _run(self, tree: ast.Module) -> None:
@@ -174,7 +184,8 @@ class _Walk:
                 function = self._function_count
             inner = self._visit(node, function)
             for child in ast.iter_child_nodes(node) if inner is None else inner:
-                stack.append((child, function))
+                if type(child) not in _NO_FACTS:
+                    stack.append((child, function))
 
     def _module_statement(self, statement: ast.stmt) -> None:
         if isinstance(statement, (ast.Assign, ast.AnnAssign)):
@@ -194,7 +205,7 @@ class _Walk:
         elif isinstance(node, ast.Call):
             self._call(node, function)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            self._string(node.value)
+            self._string(node.value, placing=id(node) not in self._not_placing)
         elif isinstance(node, ast.Subscript):
             if _is_index_zero(node.slice):
                 self.zero_subscripts += 1
@@ -210,6 +221,10 @@ class _Walk:
             self.names.add(node.arg)
         elif isinstance(node, ast.keyword) and node.arg:
             self.names.add(node.arg)
+            if node.arg == "device_type":  # torch.autocast(device_type="cuda"): amp's, never a placement
+                self._not_placing.add(id(node.value))
+        elif isinstance(node, ast.Compare):  # `x.device.type == "cuda"` tests, it places nothing
+            self._not_placing.update(id(side) for side in (node.left, *node.comparators))
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             self.names.update(node.names)
         elif isinstance(node, ast.ExceptHandler) and node.name:
@@ -247,9 +262,9 @@ class _Walk:
         elif isinstance(func, ast.Name) and func.id in ("backward", "manual_backward"):
             self.backwards.append((function, node.lineno))  # `from torch.autograd import backward`
 
-    def _string(self, value: str) -> None:
-        if value.startswith("cuda"):
-            self.cuda_strings += 1
+    def _string(self, value: str, placing: bool) -> None:
+        if _CUDA_DEVICE_TEXT.fullmatch(value):
+            self.cuda_strings += placing
         elif value.lower() == "nccl":
             self.nccl_strings += 1
         elif value in LOCAL_RANK_FLAGS:

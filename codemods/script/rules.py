@@ -42,10 +42,18 @@ def _empty_cache(f: SourceFacts) -> bool:
 
 
 def _device(f: SourceFacts) -> bool:
-    """Something CUDA (`.cuda(`, `torch.cuda.*`, a "cuda..." string), torch.load,
-    a "nccl" backend string, apex, or DistributedDataParallel given `device_ids=`."""
+    """A CUDA placement (`.cuda(`, a "cuda..." string), one of torch.cuda's
+    names that it rewrites or reports (`set_device`, `is_available`, a legacy
+    CUDA tensor type, a call that needs a GPU; anything under a star import
+    of torch or torch.cuda), torch.load, a "nccl" backend string, apex, or
+    DistributedDataParallel given `device_ids=`. Other torch.cuda calls
+    (`torch.cuda.manual_seed`, `memory_allocated`, `torch.cuda.amp`) give
+    it nothing to do."""
     return (
-        f.mentions_cuda()
+        f.cuda_calls > 0
+        or f.cuda_strings > 0
+        or f.uses(v.DEVICE_CUDA_NAMES)
+        or any(module == "torch" or module.startswith("torch.cuda") for module in f.star_imports)
         or f.uses(v.TORCH_LOAD)
         or f.nccl_strings > 0
         or f.apex

@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Union
 
 import libcst as cst
 
-from .._base import _child_fields, dotted_name
+from .._base import children, dotted_name
 
 BUILTINS = frozenset(dir(builtins))
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -94,6 +94,9 @@ class Index:
         self._of_type: dict[tuple[type, ...], list[cst.CSTNode]] = {}
         self.module_scope = self._new_scope("module", "<module>", module, None)
         self._memo: dict[tuple[int, str], frozenset] = {}
+        # id(node) -> (node, its qualified names): codemods ask again and again
+        # (the node is kept, so its id is never another's)
+        self._qualified: dict[int, tuple[cst.CSTNode, frozenset]] = {}
         self._definitions: dict[tuple[str, Scope], list[Binding]] = {}
         _Walker(self).run()
 
@@ -188,6 +191,14 @@ class Index:
         LibCST does, the chain runs through calls and subscripts
         (`nn.Linear(2, 2).cuda` is `torch.nn.Linear.cuda`), and a chain on a
         builtin is the builtin (`dict.fromkeys` is `builtins.dict`)."""
+        known = self._qualified.get(id(node))
+        if known is not None:
+            return known[1]
+        found = self._qualified_names(node)
+        self._qualified[id(node)] = (node, found)
+        return found
+
+    def _qualified_names(self, node: cst.CSTNode) -> frozenset:
         parts: list[str] = []
         current = node
         while isinstance(current, (cst.Attribute, cst.Call, cst.Subscript)):
@@ -364,20 +375,6 @@ def _split(node: cst.CSTNode, inner: Scope, outer: Scope, inside: tuple) -> list
     return [(child, inner if any(child is i for i in inside) else outer) for child in children(node)]
 
 
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    found: list[cst.CSTNode] = []
-    for name in _child_fields(type(node)):
-        value = getattr(node, name)
-        kind = type(value)
-        if kind is list or kind is tuple:
-            found.extend(item for item in value if _is_node_type(type(item)))
-        elif _is_node_type(kind):
-            found.append(value)
-    return found
-
-
-_node_types: dict[type, bool] = {}
-
 # Whitespace, comments and punctuation: most of a module's nodes, and none of
 # them names, binds or calls anything. The index leaves them out (they have no
 # parent, scope or order there).
@@ -393,15 +390,6 @@ def _is_layout(kind: type) -> bool:
     known = _layout_types.get(kind)
     if known is None:
         known = _layout_types[kind] = issubclass(kind, _LAYOUT)
-    return known
-
-
-def _is_node_type(kind: type) -> bool:
-    """issubclass(kind, CSTNode), remembered: CSTNode is an abstract class,
-    and testing one costs far more than a dictionary look-up."""
-    known = _node_types.get(kind)
-    if known is None:
-        known = _node_types[kind] = issubclass(kind, cst.CSTNode)
     return known
 
 

@@ -8,7 +8,6 @@ model already ordered) and keeps them as long as the model lives.
 
 from __future__ import annotations
 
-import weakref
 from typing import Iterator, Optional
 
 import libcst as cst
@@ -23,14 +22,9 @@ FOLLOW_DEPTH = 3  # how many calls deep a function that trains is followed
 # the name of a parameter or definition.
 _NAMED_BY = (cst.Param, cst.FunctionDef, cst.ClassDef)
 
-_cache: "weakref.WeakKeyDictionary[ScriptModel, Uses]" = weakref.WeakKeyDictionary()
-
 
 def uses_of(model: ScriptModel) -> "Uses":
-    found = _cache.get(model)
-    if found is None:
-        found = _cache[model] = Uses(model)
-    return found
+    return model.derived(Uses)
 
 
 class Uses:

@@ -32,6 +32,27 @@ ALREADY_DISTRIBUTED = DISTRIBUTED_DATA_PARALLEL | DISTRIBUTED_SAMPLER | {
     "torch.distributed.fsdp.FullyShardedDataParallel",
 }
 
+# What the `device` codemod rewrites or reports among torch.cuda's names
+# (its pre-check rule reads them too): the GPU selection, the availability
+# check, legacy CUDA tensor types (by the dtype each holds) and the
+# functions that raise without a GPU (CPU builds assert on them).
+SET_DEVICE = frozenset({"torch.cuda.set_device"})
+CUDA_DEVICE_CONTEXT = frozenset({"torch.cuda.device"})  # `with torch.cuda.device(i):`
+IS_AVAILABLE = frozenset({"torch.cuda.is_available"})
+LEGACY_DTYPES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Byte": "uint8",
+    "Char": "int8", "Short": "int16", "Int": "int32", "Long": "int64", "Bool": "bool",
+}
+LEGACY_TYPES = frozenset(f"torch.cuda.{kind}Tensor" for kind in LEGACY_DTYPES)
+NEEDS_GPU = frozenset(
+    f"torch.cuda.{name}"
+    for name in (
+        "synchronize", "current_device", "get_device_name", "get_device_properties",
+        "get_device_capability", "reset_peak_memory_stats", "reset_max_memory_allocated",
+        "Event", "Stream", "current_stream", "default_stream", "stream", "set_stream",
+    )
+)
+DEVICE_CUDA_NAMES = SET_DEVICE | CUDA_DEVICE_CONTEXT | IS_AVAILABLE | LEGACY_TYPES | NEEDS_GPU
 EMPTY_CACHE = frozenset({"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"})
 TORCH_SAVE = frozenset({"torch.save", "torch.serialization.save"})
 TORCH_LOAD = frozenset({"torch.load", "torch.serialization.load"})

@@ -13,7 +13,6 @@ the model's scopes and entry point (no walk of the whole tree).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Callable, Iterator, Optional, Union
 
 import libcst as cst
@@ -24,14 +23,9 @@ from .model import ScriptModel
 from .uses import uses_of
 from .vocabulary import DATALOADER_MODULES
 
-_cache: "weakref.WeakKeyDictionary[ScriptModel, WorkersFacts]" = weakref.WeakKeyDictionary()
-
 
 def workers_facts(model: ScriptModel) -> "WorkersFacts":
-    found = _cache.get(model)
-    if found is None:
-        found = _cache[model] = WorkersFacts(model)
-    return found
+    return model.derived(WorkersFacts)
 
 
 @dataclasses.dataclass(eq=False)
