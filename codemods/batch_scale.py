@@ -72,7 +72,6 @@ from ._accumulate.loops import LoopReader
 from ._accumulate.syntax import Problem, is_method_call, positional_args, target_key
 from ._base import Codemod, append_keyword_args, code_of, has_star_args, keyword_arg, times_or_divided
 from .script import ScriptModel
-from .script import vocabulary as v
 from .script.accumulate_facts import Uses, backward_calls, made_by_call
 
 SCALE_CONSTANT = "BATCH_SCALE"
@@ -264,8 +263,8 @@ class BatchScale(Codemod):
         constructor call, else the file's only DataLoader and optimizer."""
         loaders, optimizers = self._traced_targets(script)
         all_calls = _calls(script)
-        all_loaders = [c for c in all_calls if _is_dataloader(script, c)]
-        all_optimizers = [c for c in all_calls if _makes_optimizer(script, c)]
+        all_loaders = [c for c in all_calls if script.is_dataloader(c)]
+        all_optimizers = [c for c in all_calls if script.makes_optimizer(c)]
         loaders = loaders or _only(all_loaders)
         optimizers = optimizers or _only(all_optimizers)
         if not loaders and all_loaders:
@@ -287,10 +286,10 @@ class BatchScale(Codemod):
         for loop, steps in _training_loops(script).items():
             source = reader.loader_of(loop)
             if not isinstance(source, Problem):
-                loaders.append(made_by_call(script, source[0], "loader", lambda c: _is_dataloader(script, c)))
+                loaders.append(made_by_call(script, source[0], "loader", lambda c: script.is_dataloader(c)))
             for step in (s for training in steps for s in training.optimizer_steps):
                 stepped = positional_args(step.call)[0].value if step.through_scaler else step.call.func.value
-                optimizers.append(made_by_call(script, stepped, "optimizer", lambda c: _makes_optimizer(script, c)))
+                optimizers.append(made_by_call(script, stepped, "optimizer", lambda c: script.makes_optimizer(c)))
         return _distinct_or_none(loaders), _distinct_or_none(optimizers)
 
     def _batch_scaling(self, loader: cst.Call, tracer: ValueTracer) -> Union[Scaling, Problem, None]:
@@ -357,14 +356,6 @@ def _training_loops(script: ScriptModel) -> dict:
         if step.backward in backwards and step.loops and isinstance(step.loops[0].node, cst.For):
             loops.setdefault(step.loops[0].node, []).append(step)
     return loops
-
-
-def _is_dataloader(script: ScriptModel, call: cst.BaseExpression) -> bool:
-    return script.is_call_to(call, v.DATALOADER)
-
-
-def _makes_optimizer(script: ScriptModel, call: cst.BaseExpression) -> bool:
-    return isinstance(call, cst.Call) and any(v.makes_optimizer(q) for q in script.qualified_names(call.func))
 
 
 __all__ = ["BatchScale"]

@@ -68,7 +68,7 @@ from typing import Optional
 import libcst as cst
 
 from ._base import dotted_name
-from ._ddp.wrap import UNWRAP_API
+from ._ddp.references import UNWRAP_API
 from ._speed import RUNTIME
 from ._speed.models import NotReady, ready_model, trained_models
 from ._speed.statements import InsertingCodemod, torch_spelling

@@ -82,7 +82,6 @@ from .script.item_facts import item_facts
 
 class Item(Codemod):
     word = "item"
-    plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "store loss.item() / loss.detach(), not the loss and its graph, across iterations"
     codes = {
         "AM201": "loss kept across iterations with its autograd graph, later read only as a number: store .item()",
@@ -105,7 +104,7 @@ class Item(Codemod):
     # there is something to rewrite.
 
     def visit_Module(self, node: cst.Module) -> bool:
-        return False
+        return False  # everything is planned and rewritten in leave_Module: no walk
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         analysis = Analysis(self, item_facts(self.script))

@@ -125,7 +125,7 @@ class SyncBatchNorm(Codemod):
     def visit_Call(self, node: cst.Call) -> None:
         if self.is_call_to(node, v.DATA_PARALLEL):
             self._data_parallel_calls.append(node)
-        if self._training_sign is None and (self.is_call_to(node, TRAINING_SIGNS) or self._is_optimizer(node)):
+        if self._training_sign is None and (self.is_call_to(node, TRAINING_SIGNS) or self.script.makes_optimizer(node)):
             self._training_sign = node
         if not self.is_call_to(node, v.DISTRIBUTED_DATA_PARALLEL):
             return
@@ -161,9 +161,6 @@ class SyncBatchNorm(Codemod):
         if self.fix(node, "AM540", f"`{convert}` before wrapping: batch statistics over the global batch (GPUs only)"):
             self._convert_before[statement] = convert
             self._add_import_for(spelling)
-
-    def _is_optimizer(self, call: cst.Call) -> bool:
-        return any(v.makes_optimizer(n) for n in self.qualified_names(call.func))
 
     def _wrap_statement(self, call: cst.Call) -> tuple[Optional[cst.SimpleStatementLine], str]:
         """`model = DistributedDataParallel(model, ...)` on its own line: (line, "model")."""

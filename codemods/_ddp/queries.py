@@ -13,16 +13,14 @@ from libcst.metadata import PositionProvider
 
 from .._base import Codemod, dotted_name, is_name, walk
 from ..script import vocabulary as v
-from ..script.uses import FOLLOW_DEPTH
+from ..script.model import ScriptModel
+from ..script.uses import FOLLOW_DEPTH, uses_of
 from ..script.flow import CallSite, Function
 from .common import Var, last_name
 
 
 class ScriptQueries(Codemod):
     """Questions about the script being migrated, for the parts of ddp."""
-
-    _manual_updates_of = None  # the uses of the file version `_manual_update_calls` was found in
-    _manual_update_calls: list = []
 
     def _target_var(self, target: cst.BaseExpression) -> Optional[Var]:
         if isinstance(target, cst.Name):
@@ -174,33 +172,12 @@ class ScriptQueries(Codemod):
     def _manual_updates(self) -> list[cst.Call]:
         """`for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)` (or
         `p -= lr * p.grad`): the `model.parameters()` of each loop that updates
-        the parameters from their gradients by hand. Found once per file
-        version: every trained model asks."""
-        if self._manual_updates_of is not self._uses:
-            self._manual_update_calls, self._manual_updates_of = self._find_manual_updates(), self._uses
-        return self._manual_update_calls
-
-    def _find_manual_updates(self) -> list[cst.Call]:
-        found = []
-        for call in self._uses.calls:
-            loop = self.parent(call)
-            if (
-                isinstance(call.func, cst.Attribute)
-                and call.func.attr.value == "parameters"
-                and isinstance(loop, cst.For)
-                and loop.iter is call
-                and isinstance(loop.target, cst.Name)
-                and _updates_from_gradient(loop.body, loop.target.value)
-            ):
-                found.append(call)
-        return found
+        the parameters from their gradients by hand."""
+        return self.script.derived(_manual_updates)
 
     def _optimizer_calls(self) -> list[cst.Call]:
         """Calls of an optimizer's class (not a factory: its arguments are not an optimizer's)."""
-        return [
-            call for call in self._uses.calls
-            if any(v.makes_optimizer(n) and n not in v.OPTIMIZER_FACTORIES for n in self.qualified_names(call.func))
-        ]
+        return self.script.derived(_optimizer_class_calls)
 
     def _is_model_or_loader_call(self, call: cst.Call) -> bool:
         return self.is_call_to(call, v.DATA_PARALLEL | v.DATALOADER)
@@ -245,6 +222,29 @@ class ScriptQueries(Codemod):
                 asname = alias.asname.name.value if alias.asname is not None else None
                 return dotted_name(statement.module), last_name(alias.name), asname
         return None
+
+
+# Found once per file version (kept on its model): every trained model asks.
+
+
+def _manual_updates(script: ScriptModel) -> list[cst.Call]:
+    found = []
+    for call in uses_of(script).calls:
+        loop = script.parent(call)
+        if (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value == "parameters"
+            and isinstance(loop, cst.For)
+            and loop.iter is call
+            and isinstance(loop.target, cst.Name)
+            and _updates_from_gradient(loop.body, loop.target.value)
+        ):
+            found.append(call)
+    return found
+
+
+def _optimizer_class_calls(script: ScriptModel) -> list[cst.Call]:
+    return [call for call in uses_of(script).calls if script.makes_optimizer(call, classes_only=True)]
 
 
 def _updates_from_gradient(body: cst.CSTNode, name: str) -> bool:

@@ -25,7 +25,7 @@ from libcst.codemod.visitors import RemoveImportsVisitor
 from .._base import has_star_args, is_main_guard, is_name, walk
 from .._ddp.common import RUNTIME, CannotMigrate, Var, call_of
 from .._ddp.queries import ScriptQueries, method_of
-from .._ddp.wrap import INSPECTING_CALLS, MODULE_API, UNWRAP_API
+from .._ddp.references import INSPECTING_CALLS, MODULE_API, UNWRAP_API
 from ..script import vocabulary as v
 
 SHARDING = "accelmigrate.runtime.sharding"

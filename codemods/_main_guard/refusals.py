@@ -94,7 +94,7 @@ class Refusals:
         return any(d in data_classes for d in self._definitions_named(base))
 
     def _sends_to_workers(self, call: cst.Call, data_classes: dict) -> bool:
-        if self._is_dataloader(call):
+        if self.script.is_dataloader(call):
             return True
         if any(q.startswith(SENT_TO_WORKERS_PREFIXES) for q in self.index.qualified_names(call.func)):
             return True

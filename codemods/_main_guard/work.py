@@ -31,19 +31,10 @@ class ScriptWork:
                     return "it calls `.backward()`"
                 if self.index.is_call_to(node, PROCESS_STARTERS):
                     return "it starts processes"
-                if not found and self._is_dataloader(node) and self._goes_through(node, statement):
+                if not found and self.script.is_dataloader(node) and self._goes_through(node, statement):
                     found = "it goes through a DataLoader"
         return found
 
-    def _is_dataloader(self, call: cst.Call) -> bool:
-        if self.index.is_call_to(call, v.DATALOADER):
-            return True
-        return (
-            isinstance(call.func, cst.Name)
-            and call.func.value == "DataLoader"
-            and self.index.home_of("DataLoader", self.index.scope_of(call)) is None
-            and not v.DATALOADER_MODULES.isdisjoint(self.index.star_imports)
-        )
 
     def _goes_through(self, loader: cst.Call, statement: Statement) -> bool:
         """Is the loader used while the script runs? One built in a function the

@@ -21,6 +21,7 @@ Facts come in source order. `print(model.summary())` shows it all.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, TypeVar, Union
 
 import libcst as cst
@@ -31,6 +32,7 @@ from .entities import Entities, Entity
 from .flow import EntryPoint, Flow, Function
 from .positions import Lines
 from .scopes import Binding, Index, Scope
+from . import vocabulary as v
 from .steps import EvaluationRegion, Loop, Steps, TrainingStep
 
 _Facts = TypeVar("_Facts")
@@ -114,9 +116,10 @@ class ScriptModel:
         """The bindings a use of `name` at `at` may read."""
         return self.index.bindings_of(name, self.index.scope_of(at))
 
-    @property
-    def imports(self) -> list[Binding]:
-        return [b for s in self.index.scopes for bs in s.bindings.values() for b in bs if b.kind == "import"]
+    @functools.cached_property
+    def imports(self) -> tuple[Binding, ...]:
+        """Every import binding, in every scope (found once: many codemods ask)."""
+        return tuple(b for s in self.index.scopes for bs in s.bindings.values() for b in bs if b.kind == "import")
 
     @property
     def star_imports(self) -> list[str]:
@@ -148,6 +151,31 @@ class ScriptModel:
 
     def is_optimizer(self, expression: cst.BaseExpression) -> bool:
         return self.kind_of(expression) == "optimizer"
+
+    def makes_optimizer(self, call: cst.CSTNode, *, classes_only: bool = False) -> bool:
+        """A call that builds an optimizer (`optim.SGD(...)`, timm's
+        `create_optimizer`; `classes_only`: an optimizer class's call, whose
+        arguments are the optimizer's own)."""
+        return isinstance(call, cst.Call) and any(
+            v.makes_optimizer(name) and not (classes_only and name in v.OPTIMIZER_FACTORIES)
+            for name in self.qualified_names(call.func)
+        )
+
+    def is_dataloader(self, call: cst.CSTNode) -> bool:
+        """A call of torch's DataLoader, by any spelling; also a bare
+        `DataLoader(...)` that nothing in the file binds, where
+        `from torch.utils.data import *` is the file's only star import."""
+        if self.is_call_to(call, v.DATALOADER):
+            return True
+        stars = set(self.star_imports)
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value == "DataLoader"
+            and bool(stars)
+            and stars <= v.DATALOADER_MODULES
+            and self.index.home_of("DataLoader", self.index.scope_of(call)) is None
+        )
 
     def is_model(self, expression: cst.BaseExpression) -> bool:
         return self.kind_of(expression) == "model"

@@ -113,7 +113,9 @@ class Index:
 
     def nodes_of(self, *types: type) -> list[cst.CSTNode]:
         """Every node of these types in the module, in source order (a walk
-        of a large module costs seconds; this list is kept)."""
+        of a large module costs seconds; this list is kept). Whitespace,
+        comments and punctuation are not indexed: asking for them (cst.Comma)
+        gives an empty list."""
         if types not in self._of_type:
             self._of_type[types] = [node for node in self.nodes if isinstance(node, types)]
         return self._of_type[types]

@@ -21,7 +21,6 @@ from .._base import dotted_name
 from .._item.syntax import first_line
 from .model import ScriptModel
 from .uses import uses_of
-from .vocabulary import DATALOADER_MODULES
 
 
 def workers_facts(model: ScriptModel) -> "WorkersFacts":
@@ -66,9 +65,6 @@ class WorkersFacts:
     def __init__(self, model: ScriptModel) -> None:
         self.model = model
         self.torch_alias = _torch_alias(model)
-        stars = set(model.star_imports)
-        # `from torch.utils.data import *` and no other star import: an unresolved `DataLoader` is torch's
-        self.dataloader_from_star = bool(stars) and stars <= DATALOADER_MODULES
         # None: the file has a main guard, so nothing it defines runs when a worker imports it
         self.run_at_import: Optional[set] = None if model.entry.main_guard is not None else _run_at_import(model)
 

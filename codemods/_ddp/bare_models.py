@@ -1,0 +1,451 @@
+"""A model that ddp wraps where the script has no `nn.DataParallel`: each
+model an optimizer (or a hand-written update) trains, wrapped in
+DistributedDataParallel once it is on its device and before the first
+training call, and the checks that make that wrap right (a model trained
+through its own methods, layers called under a condition, a second forward
+per step, apex's `amp.initialize`). The wrap statement itself is built here
+too: the DataParallel replacement uses it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import libcst as cst
+
+from .._base import is_name, keyword_arg, walk
+from ..script.uses import FOLLOW_DEPTH
+from .common import CannotMigrate, Insertion, Var, first_positional
+from .queries import method_of
+from .references import MODULE_API, UNWRAP_API, ModelReferences
+
+MOVES = frozenset({"to", "cuda"})
+LOCAL_BUFFERS_NOTE = (
+    "; `**rank_local_buffers()`: it runs several forwards per step, so each rank keeps its own BatchNorm "
+    "statistics during forwards (the parameters stay equal; rank 0's are saved)"
+)
+UNUSED_NOTE = (
+    "; `find_unused_parameters=True`: its `forward` calls {layers} only under a condition, so a step may leave "
+    "their parameters without gradients"
+)
+APEX_INITIALIZE = frozenset({"apex.amp.initialize"})
+# Layers without parameters: calling one under a condition leaves nothing unused.
+PARAMETER_FREE_LAYERS = frozenset(
+    f"torch.nn.{name}" for name in (
+        "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten", "Unflatten",
+        "ReLU", "ReLU6", "LeakyReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid", "Tanh", "Softmax",
+        "LogSoftmax", "Hardtanh", "Hardswish", "Hardsigmoid", "Softplus", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+        "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d",
+        "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "Upsample", "PixelShuffle",
+    )
+)
+
+
+
+class BareModelWrapping(ModelReferences):
+    """Plans the wrap of the models the optimizers train, and builds a wrap."""
+
+    def _wrap_notes(self, local_buffers: bool, unused: list[str]) -> str:
+        notes = UNUSED_NOTE.format(layers=", ".join(f"`{name}`" for name in unused)) if unused else ""
+        return notes + (LOCAL_BUFFERS_NOTE if local_buffers else "")
+
+    def _plan_wrap_step(
+        self, model: Var, anchor: cst.CSTNode, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None],
+        local_buffers: bool = False,
+    ) -> None:
+        self._check_model_uses(model, anchor)
+
+        def wrap() -> None:
+            self._use("is_distributed", "DistributedDataParallel", "ddp_device_ids")
+            if local_buffers:
+                self._use("rank_local_buffers")
+            apply()
+
+        self._step(node, code, message, wrap, core=True)
+
+    def _ddp_wrap(
+        self, model: Var, trailing: Optional[cst.TrailingWhitespace] = None, local_buffers: bool = False, unused: bool = False
+    ) -> cst.If:
+        target = model.code
+        nl, indent = self._module.default_newline, self._module.default_indent
+        # The runtime spells it for the torch that runs the script (`broadcast_buffers`
+        # is deprecated for `forward_sync_buffers` in newer versions).
+        extra = (", find_unused_parameters=True" if unused else "") + (", **rank_local_buffers()" if local_buffers else "")
+        statement = cst.parse_statement(
+            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target}){extra}){nl}",
+            config=self._config,
+        )
+        if trailing is not None and trailing.comment is not None:
+            inner = statement.body.body[0].with_changes(trailing_whitespace=trailing)
+            statement = statement.with_changes(body=statement.body.with_changes(body=[inner]))
+        return statement
+
+    def _after_moves(self, anchor: cst.CSTNode, model: Var) -> cst.CSTNode:
+        """The last statement of `anchor`'s block, from `anchor` on, that moves the
+        model to its device (`model.to(device)`): DDP wraps a model in place."""
+        block = self.parent(anchor)
+        body = list(block.body)
+        last = anchor
+        for statement in body[body.index(anchor) + 1:]:
+            if self._moves_model(statement, model):
+                last = statement
+        return last
+
+    def _moves_model(self, statement: cst.CSTNode, model: Var) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        small = statement.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        if isinstance(small, cst.Assign) and not (
+            len(small.targets) == 1 and self._target_var(small.targets[0].target) == model
+        ):
+            return False
+        return (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value in MOVES
+            and self._var_of(value.func.value) == model
+        )
+
+    def _plan_bare_models(self, only: Optional[set[Var]] = None) -> list[Var]:
+        """No DataParallel: each model whose parameters an optimizer (or a
+        hand-written update) trains: one, or several as in a GAN (a generator
+        and a discriminator, each with its optimizer). `only`: those models."""
+        sites = self._update_sites()
+        models: dict[Var, cst.Call] = {}
+        for site in sites:
+            for var in self._models_trained_by(site):
+                if only is None or var in only:
+                    models.setdefault(var, site)
+        if not models:
+            node = sites[0] if sites else self._uses.backward_calls[0]
+            raise CannotMigrate(
+                node, "AM520",
+                "no optimizer over `model.parameters()` found, so ddp cannot tell which model to wrap: once the "
+                "model is on its device, add `if is_distributed(): model = DistributedDataParallel(model, "
+                "device_ids=ddp_device_ids(model))`, then run ddp again",
+            )
+        planned = [self._plan_bare_model(model, site, several=len(models) > 1) for model, site in models.items()]
+        wrapped = [model for model, _ in planned]
+        if len(set(wrapped)) < len(wrapped):
+            raise CannotMigrate(
+                list(models.values())[1], "AM520",
+                "two of the trained models are the same binding where training calls them: wrap each model in "
+                "DistributedDataParallel by hand once it is on its device, before its optimizer is built",
+            )
+        for _, step in planned:
+            step()
+        return wrapped
+
+    def _plan_bare_model(self, model: Var, site: cst.Call, several: bool) -> tuple[Var, Callable[[], None]]:
+        """The binding to wrap, and the step that plans the wrap (planned once every model is known)."""
+        self._refuse_self_training(model, site)
+        model, built_at = self._binding_called_in_training(model, site)
+        anchor, insert_before = self._bare_model_anchor(model, built_at)
+        apex_line = self._after_apex_initialize(model, anchor)
+        after_apex = apex_line is not anchor
+        if after_apex:
+            anchor, insert_before = apex_line, False
+        # A model called several times before one backward (a discriminator on
+        # real and fake batches) would have its BatchNorm buffers overwritten by
+        # rank 0's in each forward, in place, while autograd still needs them.
+        local_buffers = several and self._training_calls(model) > 1
+        unused = self._layers_used_conditionally(model)
+        wrap = self._ddp_wrap(model, local_buffers=local_buffers, unused=bool(unused))
+        message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
+        if after_apex:
+            message += ", after `amp.initialize` (apex wraps the bare model first)"
+        if site in self._manual_updates():
+            message += "; its hand-written update reads gradients that DDP averages across the ranks in `backward()`"
+        message += self._wrap_notes(local_buffers, unused)
+
+        def apply() -> None:
+            if insert_before:
+                self._before.setdefault(anchor, []).append(Insertion(wrap))
+            else:
+                self._after.setdefault(anchor, []).append(wrap)
+
+        return model, lambda: self._plan_wrap_step(model, anchor, built_at, "AM503", message, apply, local_buffers)
+
+    def _layers_used_conditionally(self, model: Var) -> list[str]:
+        """The layers (`self.<name>` set in `__init__` to anything but a
+        parameter-free layer) that the `forward` of the model's class, when it
+        is this file's, calls only under an `if` or a conditional expression:
+        a step that does not take that branch leaves their parameters without
+        gradients, and DDP then fails the next step."""
+        klass = self._model_class(model)
+        forward = method_of(klass, "forward") if klass is not None else None
+        if forward is None:
+            return []
+        methods = {f.name.value for f in klass.body.body if isinstance(f, cst.FunctionDef)}
+        always, sometimes = set(), set()
+        for node in walk(forward.body):
+            if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and is_name(node.func.value, "self")):
+                continue
+            name = node.func.attr.value
+            if name in methods or self._parameter_free_layer(klass, name):
+                continue
+            (sometimes if self._under_condition(node, forward) else always).add(name)
+        return sorted(sometimes - always)
+
+    def _model_class(self, model: Var) -> Optional[cst.ClassDef]:
+        """This file's class that the model's bindings construct (through
+        DataParallel and `.to(...)` alike), when there is exactly one."""
+        classes = set()
+        for binding in self._bindings_of_var(model):
+            for node in walk(binding.value) if binding.value is not None else ():
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+                    classes.update(b.node for b in self.script.bindings_of(node.func.value, node) if b.kind == "class")
+        return classes.pop() if len(classes) == 1 else None
+
+    def _parameter_free_layer(self, klass: cst.ClassDef, name: str) -> bool:
+        """`self.<name> = nn.Dropout(...)` (or another layer without parameters) in `__init__`."""
+        init = method_of(klass, "__init__")
+        values = [
+            assign.value for assign in (walk(init.body) if init is not None else ())
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Attribute)
+            and is_name(assign.targets[0].target.value, "self") and assign.targets[0].target.attr.value == name
+        ]
+        return bool(values) and all(
+            isinstance(value, cst.Call) and any(n in PARAMETER_FREE_LAYERS for n in self.qualified_names(value.func))
+            for value in values
+        )
+
+    def _under_condition(self, node: cst.CSTNode, function: cst.FunctionDef) -> bool:
+        child = node
+        for ancestor in self.ancestors(node):
+            if ancestor is function:
+                return False
+            if isinstance(ancestor, cst.If) and child is not ancestor.test:
+                return True
+            if isinstance(ancestor, cst.IfExp) and child is not ancestor.test:
+                return True
+            child = ancestor
+        return False
+
+    def _refuse_self_training(self, model: Var, site: cst.Call) -> None:
+        """A model class that trains itself (`self.optimizer = SGD(self.parameters())`,
+        a `fit` method calling `self(x)`): a method cannot rebind `self`, and
+        `self(x)` would bypass any wrapper."""
+        if model.is_attribute or model.name != "self" or model.owner.kind != "function":
+            return
+        klass = next((a for a in self.ancestors(site) if isinstance(a, cst.ClassDef)), None)
+        name = f"`{klass.name.value}`" if klass is not None else "this model class"
+        raise CannotMigrate(
+            site, "AM520",
+            f"{name} trains itself in its own methods: DistributedDataParallel synchronises gradients only through "
+            f"calls of its wrapper, and a method cannot rebind `self`; move the training loop out of the class (build "
+            f"the model and its optimizer, wrap the model in DistributedDataParallel once it is on its device, call "
+            f"the wrapper in the loop), then run ddp again",
+        )
+
+    def _update_sites(self) -> list[cst.Call]:
+        """Where parameters get trained: the optimizers' constructions, and the
+        `model.parameters()` of hand-written updates."""
+        return self._optimizer_calls() + self._manual_updates()
+
+    def _apex_line(self, model: Var) -> Optional[cst.SimpleStatementLine]:
+        """`model, optimizer = amp.initialize(model, optimizer, ...)` (apex), when it rebinds `model`."""
+        for binding in self._bindings_of_var(model):
+            statement = binding.statement
+            if isinstance(statement, cst.Assign) and isinstance(statement.value, cst.Call) and self.is_call_to(statement.value, APEX_INITIALIZE):
+                line = self.parent(statement)
+                return line if isinstance(line, cst.SimpleStatementLine) else None
+        return None
+
+    def _after_apex_initialize(self, model: Var, anchor: cst.CSTNode) -> cst.CSTNode:
+        """apex refuses a model wrapped before `amp.initialize`: the wrap goes after it."""
+        line = self._apex_line(model)
+        if line is None:
+            return anchor
+        block = self.parent(anchor)
+        if self.parent(line) is not block or list(block.body).index(line) < list(block.body).index(anchor):
+            raise CannotMigrate(
+                line, "AM520",
+                f"`amp.initialize` (apex) rebinds `{model.code}` apart from where ddp would wrap it: right after it, add "
+                f"`if is_distributed(): {model.code} = DistributedDataParallel({model.code}, device_ids=ddp_device_ids({model.code}))`",
+            )
+        return line
+
+    def _training_calls(self, model: Var) -> int:
+        """How many places call `model(...)` where gradients are recorded."""
+        count = 0
+        for reference, _ in self._followed_references(model):
+            parent = self.parent(reference)
+            if isinstance(parent, cst.Call) and parent.func is reference and not self.script.in_evaluation(parent):
+                count += 1
+        return count
+
+    def _binding_called_in_training(self, model: Var, optimizer: cst.Call) -> tuple[Var, cst.Call]:
+        """The binding of the optimizer's model that training calls, and the
+        call that builds the optimizer from it there. When the optimizer is
+        built in a factory (`def make_optimizer(model): return SGD(model.parameters())`),
+        wrapping the factory's parameter would wrap a local nobody calls: the
+        wrap goes where the factory is called, on the variable passed to it."""
+        site: cst.Call = optimizer
+        for _ in range(FOLLOW_DEPTH + 1):
+            if self._called_outside_no_grad(model) or self._parameter_of(model) is None:
+                return model, site  # a model built here is wrapped here (and returned wrapped, if it is)
+            caller = self._caller_binding(model)
+            if caller is None:
+                break
+            model, site = caller
+        raise CannotMigrate(
+            optimizer, "AM520",
+            f"the optimizer trains `{model.code}`, but that binding is never called to compute a loss (a parameter of "
+            f"a factory, called from several places or under another name?): wrap the model that the training loop "
+            f"calls, once it is on its device and before the optimizer is built from it: `if is_distributed(): "
+            f"model = DistributedDataParallel(model, device_ids=ddp_device_ids(model))`",
+        )
+
+    def _called_outside_no_grad(self, model: Var) -> bool:
+        """`model(...)` or `model.forward(...)` somewhere gradients are recorded."""
+        for reference, _ in self._followed_references(model):
+            callee, parent = reference, self.parent(reference)
+            if isinstance(parent, cst.Attribute) and parent.value is reference and parent.attr.value == "forward":
+                callee, parent = parent, self.parent(parent)
+            if isinstance(parent, cst.Call) and parent.func is callee and not self.script.in_evaluation(parent):
+                return True
+        return False
+
+    _trained_by: Optional[dict] = None  # optimizer call -> its models, once asked (every model asks of every optimizer)
+
+    def _models_trained_by(self, optimizer: cst.Call) -> list[Var]:
+        """The models whose parameters the optimizer (or update) takes, in
+        source order (a Var hashes by identity: a set's order would vary)."""
+        if self._trained_by is None:
+            self._trained_by = {}
+        found = self._trained_by.get(optimizer)
+        if found is None:
+            found = self._trained_by[optimizer] = self._find_models_trained_by(optimizer)
+        return found
+
+    def _find_models_trained_by(self, optimizer: cst.Call) -> list[Var]:
+        if isinstance(optimizer.func, cst.Attribute) and optimizer.func.attr.value == "parameters":  # a hand-written update
+            root = self._root_var(optimizer.func.value)
+            return [root] if root is not None else []
+        params = first_positional(optimizer) or keyword_arg(optimizer, "params")
+        if params is None:
+            return []
+        expressions = [params.value]
+        if isinstance(params.value, cst.Name):  # params = [p for p in model.parameters() if ...]
+            expressions.extend(self._assigned_values(params.value))
+        models: dict[Var, None] = {}
+        for expression in expressions:
+            for node in walk(expression):
+                if (
+                    isinstance(node, cst.Call)
+                    and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("parameters", "named_parameters")
+                ):
+                    root = self._root_var(node.func.value)
+                    if root is not None:
+                        models[root] = None
+        return list(models)
+
+    def _bare_model_anchor(self, model: Var, optimizer: cst.Call) -> tuple[cst.CSTNode, bool]:
+        """Where the wrap goes: after the last statement that binds or moves the
+        model before the optimizer is built, in a block that also builds the
+        optimizer; else just before the statement that builds it."""
+        optimizer_line = self._position(optimizer)[0]
+        best = None
+        for statement in self._statements_binding(model):
+            if self._position(statement)[0] >= optimizer_line:
+                continue
+            block = self.parent(statement)
+            if not any(a is block for a in self.ancestors(optimizer)):
+                continue
+            if best is None or self._position(statement) > self._position(best):
+                best = statement
+        if best is not None:
+            return self._after_moves(best, model), False
+        statement, block = self._block_statement(optimizer)
+        if statement is None or self.innermost_loop(statement) is not None:
+            raise CannotMigrate(
+                optimizer, "AM520",
+                f"cannot find where `{model.code}` is built and moved to its device: after that, add "
+                f"`if is_distributed(): {model.code} = DistributedDataParallel({model.code}, device_ids=ddp_device_ids({model.code}))`",
+            )
+        return statement, True
+
+    def _statements_binding(self, model: Var) -> list[cst.CSTNode]:
+        """Plain statements (alone on their line, in a block) that assign or move
+        `model`, in source order."""
+        found = [self.parent(b.statement) for b in self._bindings_of_var(model) if self._is_plain_assignment(b)]
+        for reference in self._references(model):
+            call = self.parent(self.parent(reference))
+            statement = self.parent(self.parent(call)) if isinstance(call, cst.Call) else None
+            if statement is not None and self._moves_model(statement, model):
+                found.append(statement)
+        order = self.script.index.order
+        return sorted(dict.fromkeys(found), key=lambda line: order[line.body[0]])
+
+    def _check_model_uses(self, model: Var, anchor: cst.CSTNode) -> None:
+        """Refuse when the model is rebound or moved after it is wrapped, or when
+        training calls its own methods (which bypass DDP's gradient hooks)."""
+        wrap_line = self._position(anchor, end=True)[0]
+        for statement in self._statements_binding(model):
+            if self._position(statement)[0] > wrap_line and not self._compiles_model(statement, model):
+                raise CannotMigrate(
+                    statement, "AM520",
+                    f"`{model.code}` is moved or rebound after the point where ddp would wrap it: make the model final "
+                    f"and on its device first, then wrap it in DistributedDataParallel by hand",
+                )
+        for reference, _ in self._followed_references(model):
+            method = self._own_method_called(reference)
+            if method is not None and (self._in_training(reference) or self._method_trains_model(model, method)):
+                raise CannotMigrate(
+                    reference, "AM527",
+                    f"the model's own method `{method}` is called: under DistributedDataParallel gradients are "
+                    f"synchronised only through `model(...)`; route the computation through `forward`, then run ddp again",
+                )
+
+    def _method_trains_model(self, model: Var, method: str) -> bool:
+        """`model.fit(loader, optimizer)`: a method of the model's class (in this
+        file) that trains, calling `self(...)` past any wrapper."""
+        klass = self._model_class(model)
+        found = method_of(klass, method) if klass is not None else None
+        return found is not None and self._trains(found.body)
+
+    def _in_training(self, node: cst.CSTNode) -> bool:
+        """Does `node` run where gradients flow to a backward: in a loop whose
+        body trains, or in a function that trains and is called in a loop
+        (a step function), outside no_grad?"""
+        if self.script.in_evaluation(node):
+            return False
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.For, cst.While)) and self._trains(ancestor.body):
+                return True
+            if isinstance(ancestor, cst.FunctionDef):
+                function = self.script.flow.functions.get(ancestor)
+                return (
+                    function is not None
+                    and self._trains(ancestor.body)
+                    and any(self.innermost_loop(site.call) is not None for site in function.callers)
+                )
+        return False
+
+    def _compiles_model(self, statement: cst.SimpleStatementLine, model: Var) -> bool:
+        """`model = torch.compile(model, ...)`: compiling the DDP model is the recommended order."""
+        value = statement.body[0].value
+        first = first_positional(value) if isinstance(value, cst.Call) else None
+        return (
+            first is not None
+            and self.is_call_to(value, {"torch.compile"})
+            and self._var_of(first.value) == model
+        )
+
+    def _own_method_called(self, reference: cst.CSTNode) -> Optional[str]:
+        """`model.encode(...)` or `model.module.encode(...)`: the method's name."""
+        node = reference
+        attribute = self.parent(node)
+        if isinstance(attribute, cst.Attribute) and attribute.value is node and attribute.attr.value == "module":
+            node, attribute = attribute, self.parent(attribute)
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is node):
+            return None
+        call = self.parent(attribute)
+        name = attribute.attr.value
+        if isinstance(call, cst.Call) and call.func is attribute and name not in MODULE_API | UNWRAP_API:
+            return name
+        return None

@@ -1,0 +1,1 @@
+"""The parts of the workers codemod (codemods/workers.py)."""
