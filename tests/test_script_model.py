@@ -138,6 +138,39 @@ def test_own_dataloader_class_is_not_torch_s():
     assert words_that_may_apply(facts, list(all_codemods())) == []
 
 
+def _calls(model: ScriptModel) -> dict[str, cst.Call]:
+    """The module's calls by the code of what they call."""
+    return {model.module.code_for_node(n.func): n for n in _walk(model.module) if isinstance(n, cst.Call)}
+
+
+@pytest.mark.parametrize(
+    "code, loader, expected",
+    [
+        ("import torch.utils.data as tud\ntud.DataLoader(d)\n", "tud.DataLoader", True),
+        ("from torch.utils.data import DataLoader as DL\nDL(d)\n", "DL", True),
+        ("from torch.utils.data import *\nDataLoader(d)\n", "DataLoader", True),  # the star import is torch's only
+        ("from torch.utils.data import *\nfrom mylib import *\nDataLoader(d)\n", "DataLoader", False),  # mylib's, maybe
+        ("from torch.utils.data import *\nclass DataLoader: pass\nDataLoader(d)\n", "DataLoader", False),  # the file's own
+        ("class DataLoader: pass\nDataLoader(d)\n", "DataLoader", False),
+    ],
+)
+def test_dataloader_calls_are_torch_s_by_any_spelling(code, loader, expected):
+    model = ScriptModel.of(cst.parse_module(code))
+    assert model.is_dataloader(_calls(model)[loader]) is expected
+
+
+def test_optimizer_calls_and_factories():
+    model = ScriptModel.of(cst.parse_module(
+        "import torch.optim as O\nfrom timm.optim import create_optimizer\nfrom torch.optim.lr_scheduler import StepLR\n"
+        "a = O.SGD(m.parameters(), lr=0.1)\nb = create_optimizer(args, m)\nc = StepLR(a, 1)\nd = SGD(m.parameters())\n"
+    ))
+    calls = _calls(model)
+    assert [model.makes_optimizer(calls[f]) for f in ("O.SGD", "create_optimizer", "StepLR", "SGD")] == [True, True, False, False]
+    # a factory's arguments are not an optimizer's (ddp reads the parameters an optimizer class is given)
+    assert model.makes_optimizer(calls["O.SGD"], classes_only=True)
+    assert not model.makes_optimizer(calls["create_optimizer"], classes_only=True)
+
+
 def test_kind_of_names_where_they_are_used():
     model = model_of("train_args_device.py")
     train = model.function("train").node
@@ -349,3 +382,44 @@ def test_a_flat_script_repeating_one_block_costs_in_proportion(monkeypatch):
     without going over every other copy's assignments again."""
     small, large = _nodes_read(monkeypatch, 10), _nodes_read(monkeypatch, 40)
     assert large <= 4.5 * small
+
+
+def _function_copies(copies: int) -> str:
+    """`copies` training functions, each with its own model and optimizer."""
+    block = """
+def train{i}(loader):
+    model{i} = torch.nn.Linear(4, 1)
+    optimizer{i} = torch.optim.SGD(model{i}.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer{i}.zero_grad()
+        torch.nn.functional.mse_loss(model{i}(x), y).backward()
+        optimizer{i}.step()
+"""
+    return FLAT_HEADER + "".join(block.format(i=i) for i in range(copies))
+
+
+@pytest.mark.parametrize("word", ["ddp", "fsdp"])
+def test_each_optimizer_s_models_are_found_once_whatever_the_number_of_models(word, monkeypatch):
+    """Every model asks which models each optimizer trains: answered once
+    per optimizer, not once per (model, optimizer) pair."""
+    from accelmigrate.codemods._ddp.bare_models import BareModelWrapping
+
+    asked = []
+    real = BareModelWrapping._find_models_trained_by
+    monkeypatch.setattr(BareModelWrapping, "_find_models_trained_by", lambda self, call: asked.append(call) or real(self, call))
+    plan = [(cls.word, options) for cls, options in resolve({word: {}})]
+    migrate_source(_function_copies(12), plan, "train.py", check_only=True)
+    assert len(asked) == len(set(map(id, asked))) == 12
+
+
+def test_each_loader_binding_is_judged_once_for_its_length(monkeypatch):
+    """A flat script rebinds `loader` in every copy and each loop may read
+    every binding: whether a binding has a length is decided once."""
+    from accelmigrate.codemods.script import accumulate_facts
+
+    decided = []
+    real = accumulate_facts._LengthlessBindings._decide
+    monkeypatch.setattr(accumulate_facts._LengthlessBindings, "_decide", lambda self, b: decided.append(b) or real(self, b))
+    plan = [(cls.word, options) for cls, options in resolve({"accumulate": {"value": "2"}})]
+    migrate_source(FLAT_HEADER + FLAT_COPY * 20, plan, "train.py", check_only=True)
+    assert 0 < len(decided) == len(set(map(id, decided))) <= 20

@@ -109,15 +109,33 @@ def made_by_call(script: ScriptModel, expression: cst.BaseExpression, kind: str,
 def has_no_length(script: ScriptModel, iterable: cst.BaseExpression) -> bool:
     """`len(iterable)` cannot work: it holds a generator, `iter`/`map`/`zip`/
     `filter`, or a DataLoader over an IterableDataset class of the file."""
-    for binding in script.bindings_of_reference(iterable):
+    lengthless = script.derived(_LengthlessBindings)
+    return any(lengthless.holds(binding) for binding in script.bindings_of_reference(iterable))
+
+
+class _LengthlessBindings:
+    """Which bindings hold something without a length, each decided once: a
+    flat script rebinds `train_loader` in every copy of its loop, and each
+    loop reads every one of those bindings."""
+
+    def __init__(self, script: ScriptModel) -> None:
+        self.script = script
+        self._known: dict[int, tuple[object, bool]] = {}  # id(binding) -> (binding, verdict)
+
+    def holds(self, binding) -> bool:
+        known = self._known.get(id(binding))
+        if known is None:
+            known = self._known[id(binding)] = (binding, self._decide(binding))
+        return known[1]
+
+    def _decide(self, binding) -> bool:
+        script = self.script
         value = binding.value if binding.kind == "assign" else None
         if isinstance(value, cst.GeneratorExp):
             return True
         if isinstance(value, cst.Call) and script.is_qualified(value.func, LENGTHLESS_CALLS):
             return True
-        if script.is_call_to(value, v.DATALOADER) and value.args and _is_lengthless_dataset(script, value.args[0].value):
-            return True
-    return False
+        return bool(script.is_call_to(value, v.DATALOADER) and value.args and _is_lengthless_dataset(script, value.args[0].value))
 
 
 def _is_lengthless_dataset(script: ScriptModel, dataset: cst.BaseExpression) -> bool:
