@@ -180,18 +180,31 @@ def _is_self_attribute(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
 
 
-def _moves(script, scope_node: cst.CSTNode, name: str) -> Iterator[cst.CSTNode]:
+def _moves(script, scope_node: cst.CSTNode, name: str) -> list[cst.CSTNode]:
     """Statements `name.to(device)`, `name.cuda()` of the scope's own code."""
+    by_scope = script.derived(_moves_by_scope)
+    found = by_scope.get(scope_node)
+    if found is None:  # each scope is read once, whatever the number of its models
+        found = by_scope[scope_node] = _scope_moves(script, scope_node)
+    return found.get(name, [])
+
+
+def _moves_by_scope(script) -> dict:
+    return {}  # scope node -> {name: its move statements}, filled as scopes are asked about
+
+
+def _scope_moves(script, scope_node: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
     body = scope_node.body if isinstance(scope_node, cst.FunctionDef) else scope_node
+    found: dict[str, list[cst.CSTNode]] = {}
     for node in walk(body, into_definitions=False):
         if (
             isinstance(node, cst.Expr)
             and isinstance(node.value, cst.Call)
             and isinstance(node.value.func, cst.Attribute)
             and node.value.func.attr.value in MOVES
-            and dotted_name(node.value.func.value) == name
         ):
-            yield statement_of(script, node)
+            found.setdefault(dotted_name(node.value.func.value), []).append(statement_of(script, node))
+    return found
 
 
 def _ancestors_to_scope(script, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
@@ -211,12 +224,21 @@ def _before_training(script, scope, statements: list) -> list:
     """The statements that run before the scope's code first trains (a
     backward, or a call of a function that leads to one): a model rebuilt
     after training (to evaluate a checkpoint) is not the one trained."""
-    order = script.index.order
-    starts = [order[c] for c in uses_of(script).training_calls() if script.scope_of(c) is scope and c in order]
-    if not starts:
+    first = script.derived(_first_training_call).get(scope)
+    if first is None:
         return statements
-    first = min(starts)
     return [s for s in statements if position(script, s) < first]
+
+
+def _first_training_call(script) -> dict:
+    """Each scope's first training call, by its place in the source order (found once per model)."""
+    order = script.index.order
+    first: dict = {}
+    for call in uses_of(script).training_calls():
+        if call in order:
+            scope = script.scope_of(call)
+            first[scope] = min(first.get(scope, order[call]), order[call])
+    return first
 
 
 # -- convolutional nets ----------------------------------------------------------------

@@ -32,13 +32,18 @@ def spelling_at(model: ScriptModel, at: cst.CSTNode, paths: Iterable[tuple[str, 
     imports: `paths` pairs each module or object that may be imported (from
     the outermost: `torch`, `torch.nn`, ...) with the rest of the path below
     it. None when no imported name reads one of them there."""
-    names = sorted({b.name for bs in model.module_scope.bindings.values() for b in bs if b.kind == "import"})
+    names = model.derived(_module_import_names)
     for imported, rest in paths:
         preferred = imported.rsplit(".", 1)[-1]
         for name in sorted(names, key=lambda n: n != preferred):
             if reads_import_of(model, at, name, imported):
                 return f"{name}.{rest}" if rest else name
     return None
+
+
+def _module_import_names(model: ScriptModel) -> list[str]:
+    """The names the module's own imports bind, sorted (found once per model)."""
+    return sorted({b.name for bs in model.module_scope.bindings.values() for b in bs if b.kind == "import"})
 
 
 __all__ = ["is_unbound", "reads_import_of", "spelling_at"]

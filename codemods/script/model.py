@@ -229,8 +229,12 @@ class ScriptModel:
 
     def in_evaluation(self, node: cst.CSTNode) -> bool:
         """Inside a no_grad / inference_mode block or a function decorated with one."""
-        regions = {r.node for r in self.evaluation if r.kind != "eval"}
+        regions = self._no_grad_regions
         return any(a in regions for a in self.index.ancestors(node))
+
+    @functools.cached_property
+    def _no_grad_regions(self) -> frozenset:
+        return frozenset(r.node for r in self.evaluation if r.kind != "eval")
 
     @property
     def functions(self) -> list[Function]:
