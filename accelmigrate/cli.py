@@ -3,12 +3,14 @@
 Exit codes (every command):
   0  done, or nothing to do (notes never fail a check)
   1  changes pending (`apply --diff`) or findings (`check`)
-  2  usage error, a folder without Python files, an input that could not be
-     processed, or a codemod that failed on a file (AM000)
+  2  usage error, a folder without Python files or that cannot be listed, an
+     input that could not be processed, or a codemod that failed on a file
+     (AM000)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -21,6 +23,7 @@ from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, p
 from accelmigrate.config import Config, ConfigError, common_start, load_config
 from accelmigrate.engine import CODEMOD_FAILED, FileResult, plan_of, process_files
 from accelmigrate.explain import all_entries, code_entry, codemod_entry, entry_text, page, presets, resolve_name
+from accelmigrate.path_arguments import PathsCommand
 from accelmigrate.report import Reporter
 from accelmigrate.sources import iter_python_files
 
@@ -30,9 +33,9 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  done, or nothing to do (notes never fail a check)
   1  changes pending (apply --diff) or findings (check)
-  2  usage error, a folder without Python files, an input
-     that could not be processed, or a codemod that failed
-     on a file (AM000)"""
+  2  usage error, a folder without Python files or that
+     cannot be listed, an input that could not be
+     processed, or a codemod that failed on a file (AM000)"""
 
 
 class UsageError(click.UsageError):
@@ -71,17 +74,21 @@ def _plan(words: Optional[str], config: Config, default: Sequence[str]):
 
 
 def _files(paths: Sequence[str], exclude: Sequence[str], config: Config, reporter: Reporter) -> tuple[list[str], int]:
-    """The files to process, and how many folders named held no Python file
-    (each an error, like a missing path: the other paths are still processed)."""
+    """The files to process, and how many folders could not be listed or
+    held no Python file (each an error, like a missing path: the other paths
+    and folders are still processed)."""
     files: list[str] = []
-    empty = 0
+    errors = 0
     for path in paths:
-        found = [str(p) for p in iter_python_files([path], [*config.exclude, *exclude])]
-        if not found and Path(path).is_dir():
-            reporter.err.print(f"error: no Python files found in {path}", markup=False)
-            empty += 1
+        problems: list[tuple[str, str]] = []
+        found = [str(p) for p in iter_python_files([path], [*config.exclude, *exclude], on_error=lambda *e: problems.append(e))]
+        if not found and not problems and os.path.isdir(path):
+            problems.append((path, f"no Python files found in {path}"))
+        for folder, message in problems:
+            reporter.error(message, path=folder)
+        errors += len(problems)
         files += found
-    return files, empty
+    return files, errors
 
 
 def _cache_folder(config: Config, no_cache: bool) -> Optional[Path]:
@@ -142,7 +149,7 @@ def format_option(*formats: str):
 
 
 common_options = [
-    click.argument("paths", nargs=-1, required=True, type=click.Path()),
+    click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False)),  # reading says why not
     click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files or folders matching GLOB (repeatable)."),
     click.option("--jobs", "-j", type=click.IntRange(1), default=None, help="Worker processes (default: CPU count)."),
     format_option("text", "json", "github", "sarif"),
@@ -157,7 +164,7 @@ def with_common_options(function):
     return function
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP)
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
@@ -167,7 +174,7 @@ def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_
     reporter = Reporter()
     config = _config_for(paths)
     plan = _plan(words, config, DEFAULT_WORDS)
-    files, empty = _files(paths, exclude, config, reporter)
+    files, folder_errors = _files(paths, exclude, config, reporter)
     results = _run(
         files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length, cache_folder=_cache_folder(config, no_cache)
     )
@@ -194,12 +201,12 @@ def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_
         + (f"; {manual} finding(s) need a manual step" if manual else "")
         + failures
     )
-    if unreadable or empty or failures:
+    if unreadable or folder_errors or failures:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_PENDING if dry_run and changed else EXIT_OK)
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP)
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Only these codemods (default: {','.join(DEFAULT_WORDS)}, as apply).")
 def check(paths, exclude, jobs, output_format, no_cache, show_notes, words) -> None:
@@ -208,7 +215,7 @@ def check(paths, exclude, jobs, output_format, no_cache, show_notes, words) -> N
     reporter = Reporter()
     config = _config_for(paths)
     plan = _plan(words, config, DEFAULT_WORDS)
-    files, empty = _files(paths, exclude, config, reporter)
+    files, folder_errors = _files(paths, exclude, config, reporter)
     results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache))
     shown = {r.path: lint.visible(r.findings, show_notes=show_notes) for r in results}
     _report(reporter, output_format, results, shown, plan, check=True)
@@ -217,7 +224,7 @@ def check(paths, exclude, jobs, output_format, no_cache, show_notes, words) -> N
     failing = [f for found in shown.values() for f in lint.failing(found)]
     if output_format == "text":
         reporter.note(_check_summary(results, failing, plan, unreadable, show_notes) + failures)
-    sys.exit(EXIT_ERROR if unreadable or empty or failures else (EXIT_PENDING if failing else EXIT_OK))
+    sys.exit(EXIT_ERROR if unreadable or folder_errors or failures else (EXIT_PENDING if failing else EXIT_OK))
 
 
 def _check_summary(results, failing, plan, errors: int, show_notes: bool) -> str:

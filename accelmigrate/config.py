@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from pathlib import Path
 from typing import Collection, Mapping, Optional, Sequence
 
@@ -42,9 +43,10 @@ class Config:
 
 def find_pyproject(start: Path) -> Optional[Path]:
     start = start.resolve()
-    for folder in [start, *start.parents] if start.is_dir() else start.parents:
+    # os.path's tests, not Path's: they answer False, not PermissionError, below a folder that cannot be entered
+    for folder in [start, *start.parents] if os.path.isdir(start) else start.parents:
         candidate = folder / "pyproject.toml"
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             return candidate
     return None
 
@@ -53,7 +55,7 @@ def common_start(paths: Sequence[str]) -> Path:
     """Where to look for the configuration: the first path's folder, else here."""
     if paths:
         first = Path(paths[0])
-        return first if first.is_dir() else (first.parent if str(first.parent) else Path("."))
+        return first if os.path.isdir(first) else (first.parent if str(first.parent) else Path("."))
     return Path(".")
 
 

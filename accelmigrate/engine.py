@@ -52,7 +52,7 @@ from accelmigrate.codemods import Codemod, Finding, all_codemods, resolve
 from accelmigrate.codemods._base import ALL_CODES, Suppressions
 from accelmigrate.codemods.script import SourceFacts, precheck, words_that_may_apply
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
-from accelmigrate.import_order import place_new_imports
+from accelmigrate.import_order import _first_party_roots, place_new_imports
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
@@ -64,6 +64,10 @@ _SKIP = re.compile(r"accelmigrate:\s*skip\b(?:\s*\[([^\]]*)\])?")
 # worker processes can rebuild it.
 Plan = Sequence[tuple[str, Mapping[str, str]]]
 
+# Larger files are refused: the codemods cost about 0.1 s and 1 MB of
+# memory per KB of source, so a file of several MB (generated code, an
+# embedded table) would hold a worker for many minutes and gigabytes.
+MAX_SOURCE_BYTES = 2 * 2**20
 # The code of the finding that says a codemod failed on a file.
 CODEMOD_FAILED = "AM000"
 # CPython (at its default recursion limit) accepts about 3,000 levels of
@@ -652,6 +656,7 @@ def process_file(
     result = FileResult(path)
     try:
         source = read_source(Path(path))
+        _ensure_not_too_large(path, source)
         result.original = source.text
         outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length)
         result.findings, result.error = _in_cells(path, source.text, outcome.findings), outcome.error
@@ -659,7 +664,7 @@ def process_file(
             return result
         result.migrated = source.text if outcome.migrated is None else outcome.migrated
         if write and result.changed:
-            write_atomically(Path(path), SourceText(result.migrated, source.encoding))
+            write_atomically(Path(path), SourceText(result.migrated, source.encoding), replacing=source.read_as)
             result.written = True
     except InputError as error:
         result.error = str(error)
@@ -668,6 +673,15 @@ def process_file(
     except Exception as error:  # a bug, or an input nobody foresaw: this file only
         result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
     return result
+
+
+def _ensure_not_too_large(path: str, source: SourceText) -> None:
+    size = source.read_as.size if source.read_as is not None else len(source.text)
+    if size > MAX_SOURCE_BYTES:
+        raise InputError(
+            f"{path}: {size / 2**20:.1f} MB, over the {MAX_SOURCE_BYTES // 2**20} MB that can be migrated safely; "
+            "skipped (migrate the training code in a file of its own)"
+        )
 
 
 def _cached_outcome(
@@ -681,13 +695,44 @@ def _cached_outcome(
 ) -> Outcome:
     if cache is None:
         return _outcome(source.text, path, plan, check_only, black_config, line_length)
-    key = cache.key(path, source)
-    outcome = cache.get(key)
-    if outcome is None:
+    key = cache.key(path, source, "" if check_only else _first_party_layout(path))
+    outcome = cache.get(key, source)
+    if outcome is None or not _still_parses(outcome, path):
         outcome = _outcome(source.text, path, plan, check_only, black_config, line_length)
         if not any(f.code == CODEMOD_FAILED for f in outcome.findings):  # a failure may not recur (memory, a bug fixed)
-            cache.put(key, outcome)
+            cache.put(key, outcome, source)
     return outcome
+
+
+def _first_party_layout(path: str) -> str:
+    """What import sorting reads of the file system to call an import first
+    party (`import_order`): the modules and packages in the project's roots.
+    A cached migration holds only for the same layout (a local package that
+    appears moves an import to another section)."""
+    names = []
+    for root in _first_party_roots(path):
+        try:
+            with os.scandir(root) as entries:
+                names += sorted(
+                    f"{root}{os.sep}{entry.name}"
+                    for entry in entries
+                    if entry.name.removesuffix(".py").isidentifier() and (entry.name.endswith(".py") or entry.is_dir())
+                )
+        except OSError:
+            continue  # no such folder: nothing there is first party
+    return "\n".join(names)
+
+
+def _still_parses(outcome: Outcome, path: str) -> bool:
+    """Whether a cached migration is still valid Python (the first
+    guarantee holds even for an entry damaged after it was signed)."""
+    if outcome.migrated is None:
+        return True
+    try:
+        _ensure_parses(parse_notebook(outcome.migrated, path).source if is_notebook(path) else outcome.migrated, path)
+    except (MigrationError, NotebookError):
+        return False
+    return True
 
 
 def _outcome(
@@ -698,6 +743,9 @@ def _outcome(
     the text is caught here; anything else is the caller's (and never cached)."""
     if is_notebook(path):
         return _notebook_outcome(text, path, plan, check_only, black_config, line_length)
+    if "\r" in text and "\n" not in text:  # old Mac line ends, which CPython reads as "\n"
+        outcome = _outcome(text.replace("\r", "\n"), path, plan, check_only, black_config, line_length)
+        return dataclasses.replace(outcome, migrated=outcome.migrated and outcome.migrated.replace("\n", "\r"))
     try:
         migration = migrate_source(text, plan, path, check_only=check_only)
     except MigrationError as error:

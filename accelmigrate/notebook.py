@@ -24,6 +24,7 @@ nothing changed comes back byte-identical. No dependency on nbformat.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import io
 import json
@@ -135,6 +136,8 @@ def parse_notebook(text: str, name: str = "<notebook>") -> Notebook:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise NotebookError(f"{name}:{error.lineno}: not JSON: {error.msg}") from None
+    except RecursionError:  # valid JSON, but deeper than Python's reader goes (no notebook is)
+        raise NotebookError(f"{name}: not JSON: nested too deeply to be read") from None
     if not isinstance(document, dict) or document.get("nbformat") != 4 or not isinstance(document.get("cells"), list):
         raise NotebookError(f"{name}: not an nbformat 4 notebook (a JSON object with nbformat 4 and a list of cells)")
     if not _is_python(document.get("metadata")):
@@ -143,6 +146,7 @@ def parse_notebook(text: str, name: str = "<notebook>") -> Notebook:
     for index, span, raw_lines, value in _code_cell_sources(text):
         cell_text = "".join(value) if isinstance(value, list) else value
         python, ipython_lines = _as_python(cell_text)
+        _ensure_cell_parses(python, f"{name}:cell {index + 1}")
         newline_added = bool(python) and not python.endswith("\n")
         python += "\n" if newline_added else ""
         parts += [CELL_MARKER.format(index=index) + "\n", python]
@@ -152,6 +156,21 @@ def parse_notebook(text: str, name: str = "<notebook>") -> Notebook:
         )
         line += 1 + count
     return Notebook(text, "".join(parts), tuple(cells), is_python=True)
+
+
+def _ensure_cell_parses(python: str, where: str) -> None:
+    """Jupyter runs each cell on its own, so each must parse on its own: a
+    block or a bracket that a later cell completes parses only when the
+    cells are joined, and fails in Jupyter."""
+    try:
+        ast.parse(python)
+    except SyntaxError as error:
+        position = f"{error.lineno}:{error.offset}" if error.offset else f"{error.lineno}"
+        raise NotebookError(f"{where}:{position}: syntax error: {error.msg} (each cell must parse on its own)") from None
+    except (RecursionError, MemoryError):
+        raise NotebookError(f"{where}: nested too deeply for Python's own parser") from None
+    except ValueError as error:  # a NUL character
+        raise NotebookError(f"{where}: {error}") from None
 
 
 def _is_python(metadata) -> bool:

@@ -23,22 +23,39 @@ def lines_with_ends(text: str) -> list[str]:
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def unified_diff(result: FileResult) -> str:
+def shown_path(path: str) -> str:
+    """A file name as text output may show it: as is, or, when it holds a
+    character a terminal would obey or hide (an escape sequence, a line
+    break, a bidirectional override, an undecodable byte), quoted with those
+    characters escaped (`'x\\x1b[2J.py'`), so one name cannot forge or erase
+    lines of output."""
+    return path if path.isprintable() else repr(path)
+
+
+def printable(text: str) -> str:
+    """TEXT with every unprintable character escaped (`\\x1b`, `\\t`)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def unified_diff(result: FileResult, *, quoted: bool = False) -> str:
+    """The unified diff of a changed file; `quoted`: its headers' names as
+    `shown_path` shows them (for text output; JSON keeps the real name)."""
     before = lines_with_ends(result.original or "")
     after = lines_with_ends(result.migrated or "")
-    lines = difflib.unified_diff(before, after, f"a/{result.path}", f"b/{result.path}")
+    names = [f"{side}/{result.path}" for side in "ab"]
+    lines = difflib.unified_diff(before, after, *(map(shown_path, names) if quoted else names))
     return "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
 def finding_line(path: str, finding: Finding, *, check: bool, plan: Plan = ()) -> str:
     """`path:line:col: CODE message`. In `check`, a fixable finding reads
     `CODE [*] title (fixable with ...)` and a note `CODE note: message`."""
-    where = f"{path}:{finding_position(finding)}: {finding.code}"
+    where = f"{shown_path(path)}:{finding_position(finding)}: {finding.code}"
     if check and finding.fixed:
-        return f"{where} [*] {lint.check_message(finding, plan)}"
+        return f"{where} [*] {printable(lint.check_message(finding, plan))}"
     if lint.is_note(finding):
-        return f"{where} note: {finding.message}"
-    return f"{where} {finding.message}"
+        return f"{where} note: {printable(finding.message)}"
+    return f"{where} {printable(finding.message)}"
 
 
 def github_escape(text: str, *, property_value: bool = False) -> str:
@@ -51,12 +68,14 @@ GITHUB_COMMANDS = {lint.ERROR: "error", lint.WARNING: "warning", lint.NOTE: "not
 
 
 def github_annotation(path: str, finding: Finding, plan: Plan) -> str:
-    """`::warning file=...,line=...,col=...,title=CODE::message`."""
+    """`::warning file=...,line=...,col=...,title=CODE::message` (the file's
+    real name: GitHub links the annotation to it; the message printable, as
+    the log shows it)."""
     where = (("file", path),) if lint.in_notebook(finding) else (("file", path), ("line", finding.line), ("col", finding.column))
     properties = ",".join(
         f"{key}={github_escape(str(value), property_value=True)}" for key, value in (*where, ("title", finding.code))
     )
-    return f"::{GITHUB_COMMANDS[lint.severity(finding)]} {properties}::{github_escape(lint.located_message(finding, plan))}"
+    return f"::{GITHUB_COMMANDS[lint.severity(finding)]} {properties}::{github_escape(printable(lint.located_message(finding, plan)))}"
 
 
 def result_payload(result: FileResult, shown: Sequence[Finding]) -> dict:
@@ -88,7 +107,7 @@ class Reporter:
         return self.out.is_terminal
 
     def diff(self, result: FileResult) -> None:
-        text = unified_diff(result)
+        text = unified_diff(result, quoted=True)
         if self.out.is_terminal:
             self.out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
         else:
@@ -103,15 +122,21 @@ class Reporter:
         """`changed train.py: workers, item`: each changed file and the codemods that changed it."""
         for result in results:
             if result.changed:
-                self.err.print(f"{verb} {result.path}: {', '.join(lint.words_that_changed(result))}", markup=False)
+                self.err.print(f"{verb} {shown_path(result.path)}: {', '.join(lint.words_that_changed(result))}", markup=False)
 
     def errors(self, results: Iterable[FileResult]) -> int:
         count = 0
         for result in results:
             if result.error:
-                self.err.print(f"error: {result.error}", markup=False, style="red" if self.err.is_terminal else None)
+                self.error(result.error, path=result.path)
                 count += 1
         return count
+
+    def error(self, message: str, *, path: str = "") -> None:
+        """`error: MESSAGE` on stderr, PATH (named in it) quoted if it must be."""
+        if path and not path.isprintable():
+            message = message.replace(path, shown_path(path))
+        self.err.print(f"error: {printable(message)}", markup=False, style="red" if self.err.is_terminal else None)
 
     def note(self, text: str) -> None:
         self.err.print(text, markup=False)
@@ -127,7 +152,9 @@ class Reporter:
 
     def github(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], plan: Plan) -> None:
         lines = [github_annotation(path, f, plan) for path, findings in shown.items() for f in findings]
-        lines += [f"::error file={github_escape(r.path, property_value=True)}::{github_escape(r.error)}" for r in results if r.error]
+        lines += [
+            f"::error file={github_escape(r.path, property_value=True)}::{github_escape(printable(r.error))}" for r in results if r.error
+        ]
         self.write("".join(line + "\n" for line in lines))
 
     def sarif(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], plan: Plan) -> None:

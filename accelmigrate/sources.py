@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import ast
 import codecs
+import contextlib
 import fnmatch
+import hashlib
 import io
 import os
 import re
@@ -29,7 +31,7 @@ import tempfile
 import time
 import tokenize
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 # Folders that never hold the user's own training code.
 SKIPPED_FOLDERS = frozenset(
@@ -46,13 +48,36 @@ class InputError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class FileStamp:
+    """What a file was when it was read: a rewrite checks it still is."""
+
+    size: int
+    mtime_ns: int
+    digest: str  # sha256 of the bytes read
+
+    @classmethod
+    def of(cls, status: os.stat_result, data: bytes) -> "FileStamp":
+        return cls(status.st_size, status.st_mtime_ns, hashlib.sha256(data).hexdigest())
+
+
+@dataclasses.dataclass(frozen=True)
 class SourceText:
     text: str
     encoding: str  # "utf-8-sig" when the file starts with a BOM
+    read_as: Optional[FileStamp] = dataclasses.field(default=None, compare=False, repr=False)  # None: not read from a file
 
 
 def is_virtualenv(folder: Path) -> bool:
-    return (folder / "pyvenv.cfg").is_file()
+    return os.path.isfile(folder / "pyvenv.cfg")  # False, not an error, in a folder that cannot be entered
+
+
+def _unlisted(error: OSError, on_error: Optional[Callable[[str, str], None]]) -> None:
+    """os.walk's report of a folder it could not list (it skips the folder)."""
+    folder = str(Path(error.filename))  # as the files are named: `./a` is `a`
+    message = f"{folder}: cannot list folder: {error.strerror or error}"
+    if on_error is None:
+        raise InputError(message)
+    on_error(folder, message)
 
 
 def _excluded(path: Path, patterns: Sequence[str]) -> bool:
@@ -64,17 +89,22 @@ def _excluded(path: Path, patterns: Sequence[str]) -> bool:
 SOURCE_SUFFIXES = (".py", ".ipynb")
 
 
-def iter_python_files(paths: Iterable[str], exclude: Sequence[str] = ()) -> Iterator[Path]:
+def iter_python_files(
+    paths: Iterable[str], exclude: Sequence[str] = (), on_error: Optional[Callable[[str, str], None]] = None
+) -> Iterator[Path]:
     """The files named, and every `*.py` and `*.ipynb` below the folders named (sorted),
     skipping version-control, virtual-environment, build and cache folders.
-    A path that does not exist is yielded as is: reading it reports the error."""
+    A path that does not exist is yielded as is: reading it reports the error.
+    A folder that cannot be listed is given to `on_error(folder, message)`,
+    the message one line (`PATH: cannot list folder: REASON`), and the walk
+    goes on; without `on_error`, it is an InputError."""
     for raw in paths:
         path = Path(raw)
-        if not path.is_dir():
+        if not os.path.isdir(path):  # Path.is_dir raises where a parent cannot be entered
             if not _excluded(path, exclude):
                 yield path
             continue
-        for folder, subfolders, files in os.walk(path):
+        for folder, subfolders, files in os.walk(path, onerror=lambda error: _unlisted(error, on_error)):
             here = Path(folder)
             subfolders[:] = sorted(
                 d for d in subfolders
@@ -89,28 +119,30 @@ def iter_python_files(paths: Iterable[str], exclude: Sequence[str] = ()) -> Iter
 
 def read_source(path: Path) -> SourceText:
     try:
-        data = _read_regular_file(path)
+        data, status = _read_regular_file(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder") from None
     except OSError as error:
         raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
-    return decode_source(path, data)
+    return dataclasses.replace(decode_source(path, data), read_as=FileStamp.of(status, data))
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of `path` (links followed), refusing anything but a regular
-    file before reading from it: opening a FIFO waits for a writer, and a
-    device such as /dev/zero never ends."""
+def _read_regular_file(path: Path) -> tuple[bytes, os.stat_result]:
+    """The bytes of `path` (links followed) and the status of the file they
+    were read from, refusing anything but a regular file before reading from
+    it: opening a FIFO waits for a writer, and a device such as /dev/zero
+    never ends."""
     status = os.stat(path)
     if stat.S_ISDIR(status.st_mode):
         raise IsADirectoryError(21, "Is a directory")
     _ensure_regular(path, status)
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(descriptor, "rb") as handle:
-        _ensure_regular(path, os.fstat(descriptor))  # the path may have been replaced since
-        return handle.read()
+        status = os.fstat(descriptor)
+        _ensure_regular(path, status)  # the path may have been replaced since
+        return handle.read(), status
 
 
 def _ensure_regular(path: Path, status: os.stat_result) -> None:
@@ -178,10 +210,12 @@ def one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def write_atomically(path: Path, source: SourceText) -> None:
+def write_atomically(path: Path, source: SourceText, replacing: Optional[FileStamp] = None) -> None:
     """Replace the file at `path` (through a symbolic link: the file it names)
     by `source` so that no reader ever sees a torn file, keeping the file's
-    permissions and owner; refuse what a rename cannot keep (see above)."""
+    permissions and owner; refuse what a rename cannot keep (see above), and,
+    given the stamp of what was read (`replacing`), a file that changed since
+    (an editor's save must not be lost)."""
     data = source.text.encode(source.encoding)
     target = Path(os.path.realpath(path))
     status = os.stat(target)
@@ -194,10 +228,60 @@ def write_atomically(path: Path, source: SourceText) -> None:
             os.fsync(out.fileno())
         _keep_owner(path, temporary, status)
         os.chmod(temporary, stat.S_IMODE(status.st_mode))  # after chown, which may clear set-id bits
-        os.replace(temporary, target)
+        with _still_as_read(path, target, replacing):
+            os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+# How long a rewrite waits for another run rewriting the same file (a
+# rename takes microseconds; past this, some other program holds the lock).
+LOCK_WAIT_S = 10.0
+
+
+@contextlib.contextmanager
+def _still_as_read(path: Path, target: Path, stamp: Optional[FileStamp]) -> Iterator[None]:
+    """Held around the rename: the file at `target` is still the one read
+    (size, modification time and content), else the write is refused. An
+    advisory lock on that file keeps two runs from both passing the check
+    before either renames: the later one sees the other's file, and refuses."""
+    if stamp is None:
+        yield
+        return
+    changed = InputError(f"{path}: changed while it was being migrated; not written")
+    try:
+        descriptor = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise changed from None
+    try:
+        _lock(path, descriptor)
+        status, current = os.fstat(descriptor), os.stat(target)
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            now = FileStamp.of(status, handle.read())
+        if (status.st_dev, status.st_ino) != (current.st_dev, current.st_ino) or now != stamp:
+            raise changed
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _lock(path: Path, descriptor: int) -> None:
+    try:
+        import fcntl
+    except ImportError:
+        return  # no advisory locks here (Windows): the check alone
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise InputError(f"{path}: not written: another process holds a lock on the file") from None
+            time.sleep(0.01)
+        except OSError:
+            return  # a file system without locks: the check alone
 
 
 def _ensure_rewritable(path: Path, target: Path, status: os.stat_result) -> None:

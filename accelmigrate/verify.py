@@ -7,8 +7,12 @@ original and the copy for K optimizer steps each, both seeded alike and
 measured from outside (`accelmigrate.runtime.verifying`), and prints the loss
 of each step side by side with a verdict: "same" (exit 0) or the first step
 where they part (exit 1). A migration that changes nothing is "unchanged"
-(exit 0, nothing is run). A script that fails, or a migration that cannot be
-made, exits 2.
+(exit 0, nothing is run). A script that fails, a migration that cannot be
+made, or runs in which no optimizer stepped exit 2 (could not verify).
+The words and their options are read as `apply` reads them: --to, else
+`[tool.accelmigrate]` of the nearest pyproject.toml. Each run has a folder of
+its own (`verify_runs`); on a machine without CUDA the original's CUDA
+placements run on this machine's device, as the verdict then says.
 
 What "the same" means depends on the words:
 - most words (workers, item, empty-cache, modernize, main-guard, device, and
@@ -29,21 +33,21 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import click
 
-from accelmigrate.codemods import UnknownCodemod, parse_words, resolve
-from accelmigrate.engine import MigrationError, migrate_source, plan_of
-from accelmigrate.sources import TEMPORARY_SUFFIX, InputError, read_source
+from accelmigrate.codemods import DEFAULT_WORDS
+from accelmigrate.engine import MigrationError, migrate_source
+from accelmigrate.sources import InputError, SourceText, read_source
 from accelmigrate.torch_check import require_torch
+from accelmigrate.verify_runs import RECORDER, RunFailed, Stopped, Workspace, stop_on_signals
 
-EXIT_SAME, EXIT_DIFFER, EXIT_ERROR = 0, 1, 2
-RECORDER = "accelmigrate.runtime.verifying"
+# 2: could not verify (a run or the migration failed, or nothing was
+# compared); 130: interrupted (Ctrl-C); 128 + N: stopped by signal N.
+EXIT_SAME, EXIT_DIFFER, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 # Relative tolerances. Float rounding: the same arithmetic in another order
 # (a sum over ranks or micro-batches); 16-bit autocast: a loss within a few
@@ -56,6 +60,10 @@ ABSOLUTE_FLOOR = 1e-6  # differences below it are equal, whatever the scale
 
 class VerifyError(Exception):
     """A run or a migration that could not be made; the message says which."""
+
+
+class NotVerified(VerifyError):
+    """Both runs ended, but nothing they did can be compared."""
 
 
 @dataclasses.dataclass
@@ -95,56 +103,46 @@ def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
     return Setup(batch_scale=accumulate, processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
 
 
-def migrated_copy(script: Path, words_spec: str) -> tuple[str, str, dict[str, dict[str, str]]]:
-    """(original text, migrated text, words with options) of SCRIPT."""
+def migrated_copy(script: Path, words_spec: Optional[str]) -> tuple[SourceText, SourceText, dict[str, dict[str, str]]]:
+    """(original, migrated copy, words with options) of SCRIPT: the words of
+    --to, else of `[tool.accelmigrate]`, with its options, as `apply` takes them."""
+    from accelmigrate.cli import _config_for, _plan  # here: cli imports this module
+
+    plan = _plan(words_spec, _config_for([str(script)]), DEFAULT_WORDS)
     try:
-        words = parse_words(words_spec)
-        plan = plan_of(resolve(words))
         source = read_source(script)
         migration = migrate_source(source.text, plan, str(script))
-    except (UnknownCodemod, InputError, MigrationError) as error:
+    except (InputError, MigrationError) as error:
         raise VerifyError(str(error)) from None
-    return source.text, migration.code, {word: dict(options) for word, options in plan}
+    return source, SourceText(migration.code, source.encoding), {word: dict(options) for word, options in plan}
 
 
-def _environment(folder: str, steps: int, batch_scale: int) -> dict[str, str]:
+def _environment(steps: int, batch_scale: int = 1, map_cuda: bool = False) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(
-        ACCELMIGRATE_VERIFY_OUT=folder,
-        ACCELMIGRATE_VERIFY_STEPS=str(steps),
-        ACCELMIGRATE_VERIFY_BATCH_SCALE=str(batch_scale),
-    )
+    env.update(ACCELMIGRATE_VERIFY_STEPS=str(steps), ACCELMIGRATE_VERIFY_BATCH_SCALE=str(batch_scale))
+    if map_cuda:
+        env["ACCELMIGRATE_VERIFY_MAP_CUDA"] = "1"
     # One thread per process in both runs, as torchrun gives each rank: the
     # same order of float sums, so "exact" can mean exact.
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
-def record_run(script: str, script_args: Sequence[str], steps: int, *, batch_scale: int = 1, processes: int = 1) -> list[dict]:
-    """Run SCRIPT under the recorder; one record per rank."""
-    with tempfile.TemporaryDirectory(prefix="accelmigrate-verify-") as folder:
-        if processes > 1:
-            command = [sys.executable, "-m", "accelmigrate.verify", "--launch", str(processes), script, *script_args]
-        else:
-            command = [sys.executable, "-m", RECORDER, script, *script_args]
-        child = subprocess.run(command, env=_environment(folder, steps, batch_scale), capture_output=True, text=True)
-        records = [_read(os.path.join(folder, f"rank{rank}.json")) for rank in range(processes)]
-    failed = [r for r in records if r is None or r["status"] not in ("stopped", "finished")]
-    if child.returncode != 0 or failed:
-        tail = "\n".join((child.stderr or child.stdout).strip().splitlines()[-15:])
-        raise VerifyError(f"{script} failed (exit code {child.returncode}):\n{tail}")
-    return records
-
-
-def _read(path: str) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except OSError:
-        return None
-
-
 # --- comparing ----------------------------------------------------------------------
+
+
+def _ranks_add_up(migrated: SourceText) -> bool:
+    """The migration makes DDP add the ranks' gradients up (its loss sums over
+    the batch): the ranks' losses then add up to the original's too."""
+    import libcst
+
+    from accelmigrate.codemods.script import ScriptModel
+
+    script = ScriptModel.of(libcst.parse_module(migrated.text))
+    return any(script.is_call_to(call, SUMMING_HOOK) for call in script.index.nodes_of(libcst.Call))
+
+
+SUMMING_HOOK = frozenset({"accelmigrate.runtime.gradients.sum_gradients_across_ranks"})
 
 
 def _close(a: Optional[float], b: Optional[float], rtol: float) -> bool:
@@ -162,8 +160,9 @@ def _relative(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return abs(a - b) / scale if scale else 0.0
 
 
-def merge_ranks(records: list[dict]) -> list[dict]:
-    """One step list from every rank's: the mean loss, rank 0's weights, and
+def merge_ranks(records: list[dict], summed: bool = False) -> list[dict]:
+    """One step list from every rank's: the mean loss (`summed`: the sum, for a
+    loss summed over each rank's share of the batch), rank 0's weights, and
     the largest relative difference of any rank's weights from rank 0's."""
     merged = []
     for index, step in enumerate(records[0]["steps"]):
@@ -173,7 +172,8 @@ def merge_ranks(records: list[dict]) -> list[dict]:
             (_relative(p["params"][i], step["params"][i]) or 0.0 for p in peers for i in range(len(step["params"]))),
             default=0.0,
         )
-        merged.append({**step, "loss": sum(losses) / len(losses) if losses else None, "rank_spread": spread, "ranks": len(peers)})
+        loss = sum(losses) / (1 if summed else len(losses)) if losses else None
+        merged.append({**step, "loss": loss, "rank_spread": spread, "ranks": len(peers)})
     return merged
 
 
@@ -221,21 +221,29 @@ def _number(value: Optional[float]) -> str:
 # --- the command --------------------------------------------------------------------
 
 
-def verify(script: Path, words_spec: str, steps: int, processes: int, script_args: Sequence[str], rtol: Optional[float]) -> dict:
+def verify(script: Path, words_spec: Optional[str], steps: int, processes: int, script_args: Sequence[str], rtol: Optional[float]) -> dict:
     """Run both and compare; the result as a dict (also the JSON output)."""
-    original_text, migrated_text, words = migrated_copy(script, words_spec)
+    original, migrated_source, words = migrated_copy(script, words_spec)
     setup = setup_for(words, processes)
-    if migrated_text == original_text:
+    if migrated_source.text == original.text:
         return {"script": str(script), "words": list(words), "verdict": "unchanged", "steps": []}
-    reference = record_run(str(script), script_args, steps, batch_scale=setup.batch_scale)[0]
-    copy = _write_copy(script, migrated_text)
     try:
-        migrated = record_run(copy, script_args, steps, processes=setup.processes)
-    finally:
-        os.unlink(copy)
+        with Workspace(script) as workspace:
+            # Only the original keeps CUDA placements that need mapping here:
+            # the migration's whole point is that its copy needs none.
+            reference = workspace.run("original", original, script_args, _environment(steps, setup.batch_scale, map_cuda=True))[0]
+            migrated = workspace.run("migrated", migrated_source, script_args, _environment(steps), setup.processes)
+    except RunFailed as error:
+        raise VerifyError(str(error)) from None
+    if not reference["steps"] and not any(record["steps"] for record in migrated):
+        raise NotVerified(
+            f"no optimizer step was recorded: neither run of {script} called an optimizer's step() "
+            "(the script ended before its first step, or updates its weights by hand), so there is nothing to compare"
+        )
     low_precision = sorted({dtype for record in migrated for dtype in record["low_precision"]})
     tolerance = rtol if rtol is not None else max([setup.rtol, *(LOW_PRECISION_RTOL[d] for d in low_precision)])
-    comparison = compare(reference["steps"], merge_ranks(migrated), tolerance, setup.processes)
+    comparison = compare(reference["steps"], merge_ranks(migrated, _ranks_add_up(migrated_source)), tolerance, setup.processes)
+    random_draws = sorted({name for record in [reference, *migrated] for name in record.get("random_per_forward", [])})
     return {
         "script": str(script),
         "words": list(words),
@@ -243,21 +251,27 @@ def verify(script: Path, words_spec: str, steps: int, processes: int, script_arg
         "processes": setup.processes,
         "reference_batch_scale": setup.batch_scale,
         "low_precision": low_precision,
+        "original_cuda_ran_on": reference.get("cuda_mapped_to"),
+        "random_per_forward": random_draws,
         "rtol": tolerance,
         "verdict": "same" if comparison.same else "differ",
         "first_differing_step": comparison.first_difference,
         "reason": comparison.reason,
+        "expected": _expected_difference(comparison, setup, random_draws),
     }
 
 
-def _write_copy(script: Path, text: str) -> str:
-    """The migrated copy, beside the script (so its relative paths and
-    neighbouring modules resolve alike), named as `apply`'s temporary files
-    are, so that a later `apply` removes one a killed run left behind."""
-    handle, path = tempfile.mkstemp(prefix=f".{script.name}.{os.getpid()}.", suffix=TEMPORARY_SUFFIX, dir=script.parent)
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        out.write(text)
-    return path
+def _expected_difference(comparison: Comparison, setup: Setup, random_draws: list[str]) -> Optional[str]:
+    """Why a difference is what a correct migration shows, where it is: the
+    masks of dropout, drawn per forward, come in another order when the
+    migration splits the batch (accumulation, ranks)."""
+    if comparison.same or not random_draws or (setup.batch_scale == 1 and setup.processes == 1):
+        return None
+    split = "into micro-batches" if setup.batch_scale > 1 else "across processes"
+    return (
+        f"the model draws random numbers per forward ({', '.join(random_draws)}) and the migrated step, split {split}, "
+        "draws them in another order; compare with dropout off (p=0, or the model in eval mode) to check the rest"
+    )
 
 
 def render(result: dict) -> None:
@@ -274,6 +288,8 @@ def render(result: dict) -> None:
     how = _how(result)
     if result["verdict"] == "same":
         click.echo(f"same: {len(result['steps'])} steps agree within a relative {result['rtol']:.0e} ({how})")
+    elif result["expected"]:
+        click.echo(f"differ, expected: {result['expected']} (from step {result['first_differing_step']}: {result['reason']}; {how})")
     else:
         click.echo(f"differ: from step {result['first_differing_step']}: {result['reason']} ({how})")
 
@@ -286,13 +302,15 @@ def _how(result: dict) -> str:
         parts.append(f"the original with {result['reference_batch_scale']}x larger batches")
     if result["low_precision"]:
         parts.append(f"autocast in {', '.join(result['low_precision'])}")
+    if result["original_cuda_ran_on"]:
+        parts.append(f"the original's CUDA placements ran on {result['original_cuda_ran_on']}")
     return "; ".join(parts)
 
 
 @click.command("verify", context_settings={"ignore_unknown_options": True})
 @click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--to", "words", required=True, help="Codemods to verify, as for apply (e.g. workers,item or ddp).")
+@click.option("--to", "words", default=None, help="Codemods to verify, as for apply (e.g. workers,item or ddp; default: [tool.accelmigrate]'s, else apply's).")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1), help="Optimizer steps to compare.")
 @click.option("--nproc-per-node", "processes", default=2, show_default=True, type=click.IntRange(min=2), help="Processes for ddp.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance instead of the one the words call for.")
@@ -302,16 +320,21 @@ def verify_command(script, script_args, words, steps, processes, rtol, output_fo
     """Run SCRIPT and a migrated copy of it for K steps each, and compare.
 
     Exit 0 when they train the same, 1 when they part (the first such step is
-    named), 2 when a run or the migration fails. Arguments after `--` go to
+    named), 2 when it could not verify (a run or the migration failed, or no
+    optimizer step was recorded), 130 on Ctrl-C. Arguments after `--` go to
     the script."""
-    if not words.strip():
-        raise click.UsageError("--to needs at least one codemod")
     require_torch("verify")
     try:
-        result = verify(script, words, steps, processes, script_args, rtol)
+        with stop_on_signals():
+            result = verify(script, words, steps, processes, script_args, rtol)
     except VerifyError as error:
         click.echo(f"accelmigrate verify: {error}", err=True)
         sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        click.echo("accelmigrate verify: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Stopped as stop:
+        sys.exit(128 + stop.signum)
     if as_json or output_format == "json":
         click.echo(json.dumps(result, indent=2))
     else:

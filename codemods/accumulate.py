@@ -4,9 +4,18 @@ What it does
     Rewrites a training loop so that each optimizer step uses the gradient of
     N consecutive batches of the loader (micro-batches):
 
-    - the loss is divided by the number of micro-batches in its group before
-      `backward()`; the `loss` variable itself is untouched, so what the loop
-      logs keeps meaning the per-batch loss;
+    - a loss that averages over the batch (a criterion's default
+      `reduction="mean"`, `F.cross_entropy(...)`, `.mean()`) is divided by the
+      number of micro-batches in its group before `backward()`; the `loss`
+      variable itself is untouched, so what the loop logs keeps meaning the
+      per-batch loss. A loss that sums over the batch (`reduction="sum"`,
+      `size_average=False`, `.sum()`, a sum scaled by a constant such as the
+      data set's size) is not divided: the micro-batches' sums add up to the
+      big batch's sum, so the gradient is already the big batch's (dividing
+      it would train at 1/N of the learning rate). Which one the loss is
+      comes from `codemods/script/reduction.py`, followed through the
+      criterion's binding, functional losses, the file's own loss functions
+      and classes, and arithmetic;
     - `optimizer.step()`, gradient clipping, `scaler.unscale_()`,
       `scaler.step()`, `scaler.update()`, a learning-rate scheduler stepped
       inside the loop and a `zero_grad()` written after `backward()` run at
@@ -102,6 +111,14 @@ Left alone
     - AM605 (after a rewrite): a learning-rate scheduler stepped per batch
       now steps once per group: divide the step counts it was built with.
     - AM606: the no_sync part under DDP (fixed, or what to do by hand).
+    - AM607: something in the file decides whether the loss is a mean or a
+      sum but cannot be read (`reduction=args.reduction`, a sum divided by a
+      value the file does not show, which may be the batch size, a mean
+      added to a sum): dividing or not would be a guess either way.
+      A loss about which the file says nothing (`loss = model(x, y)`,
+      `outputs.loss`) is divided as a mean, as torch's losses, Hugging Face
+      models and timm compute it by default; if yours sums over the batch,
+      remove the `/ group_size`.
     An epoch-level scheduler (stepped outside the batch loop) and evaluation
     loops (no `backward()`) are not touched. `# accelmigrate: skip` on the
     `for` line leaves its loop alone.
@@ -125,10 +142,16 @@ from ._accumulate.loops import LoopReader, LoopShape, UpdateCall
 from ._accumulate.syntax import Problem, is_method_call, mentions, wrap_block
 from ._base import Codemod, code_of, times_or_divided, walk
 from .script.accumulate_facts import Uses, anchors, ddp_models
+from .script.reduction import SUM, UNCLEAR, backward_reduction
 
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
 STEPS_MEANING = "the number of micro-batches per optimizer step"
 RUNTIME_BATCH = "accelmigrate.runtime.batch"
+UNCLEAR_MESSAGE = (
+    "cannot tell whether this loss is a mean or a sum over the batch (a `reduction=` that is not a literal, a sum "
+    "scaled by a value this file does not show, a mean added to a sum): accumulate by hand, dividing a mean by the "
+    "number of micro-batches in the group before backward() and leaving a sum undivided"
+)
 
 
 @dataclasses.dataclass
@@ -158,6 +181,7 @@ class Accumulate(Codemod):
         "AM604": "backward() or the optimizer step outside the training loop: accumulate by hand",
         "AM605": "a per-batch learning-rate scheduler now steps once per group: rescale its step counts",
         "AM606": "DDP: micro-batches that do not end a group skip the gradient all-reduce (model.no_sync())",
+        "AM607": "the loss's reduction over the batch (mean or sum) cannot be read: accumulate by hand",
     }
     triggers = ("backward", "step")
 
@@ -222,19 +246,28 @@ class Accumulate(Codemod):
         if isinstance(plan, Problem):
             self.report(plan.node, plan.code, plan.message)
             return
-        if not self.fix(loop, "AM600", self._fixed_message(shape)):
+        reduction = backward_reduction(self.script, shape.backward)
+        if reduction == UNCLEAR:
+            self.report(shape.backward, "AM607", UNCLEAR_MESSAGE)
+            return
+        if not self.fix(loop, "AM600", self._fixed_message(shape, summed=reduction == SUM)):
             return
         self._plans[loop] = plan
-        self._backwards[shape.backward] = plan.group_size
+        if reduction != SUM:  # a sum over each micro-batch adds up to the big batch's sum as it is
+            self._backwards[shape.backward] = plan.group_size
         self._add_no_sync(shape, plan)
         for update in shape.updates:
             if update.role == "scheduler_step":
                 self.report(update.call, "AM605", f"`{code_of(update.call)}` now runs once per {self.steps} micro-batches: divide the step counts the scheduler was built with (total_steps, steps_per_epoch, T_max, warm-up steps...) by {STEPS_CONSTANT}")
 
-    def _fixed_message(self, shape: LoopShape) -> str:
+    def _fixed_message(self, shape: LoopShape, summed: bool) -> str:
+        loss = (
+            "the loss sums over the batch, so the micro-batches' gradients add up to the big batch's as they are (not divided)"
+            if summed else "the loss is divided by the group's size before backward()"
+        )
         return (
-            f"accumulates gradients over {self.steps} micro-batches of `{code_of(shape.loader)}`: the loss is divided by the "
-            f"group's size before backward(), and {shape.optimizers[0]} steps once per group and at the epoch's last batch"
+            f"accumulates gradients over {self.steps} micro-batches of `{code_of(shape.loader)}`: {loss}, "
+            f"and {shape.optimizers[0]} steps once per group and at the epoch's last batch"
         )
 
     def _plan_shape(self, shape: LoopShape) -> Union[LoopPlan, Problem]:

@@ -162,18 +162,20 @@ from ._amp.checkpoints import Checkpoints
 from ._amp.deprecated import DeprecatedApi
 from ._amp.edits import AppliesEdits, Edits
 from ._amp.evaluation import Evaluation
+from ._amp.introduced import Introduced
 from ._amp.leaving import Leaving
 from ._amp.names import Resolution
 from ._amp.passed import Passed
+from ._amp.placement import UNUSED_DEVICE, Placement
 from ._amp.plan import (
-    PRECISION, RAW_AUTOGRAD, Backward, Problem, Ref, StepPlan, method_call, statement, without_parens,
+    CPU, RAW_AUTOGRAD, Backward, Problem, Ref, StepPlan, method_call, statement, without_parens,
 )
 from ._amp.regions import Regions
 from ._base import Codemod, code_of, walk
 from .script.amp_facts import amp_facts
 
 
-class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Resolution, AppliesEdits, Codemod):
+class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Introduced, Placement, Resolution, AppliesEdits, Codemod):
     word = "amp"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "mixed precision: torch.autocast around forward and loss, a GradScaler for fp16; apex and torch.cuda.amp migrated"
@@ -220,6 +222,8 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         self.autocast_spans: list = []  # statements and `with` blocks the edits run under autocast
         self.casts_to_numpy: list = []  # `.numpy()` and numpy-reading calls given full_precision(...)
         self.resolving: set = set()  # assignment lines whose device is being resolved (against cycles)
+        self.runtime_names: dict = {}  # runtime function -> the name the migrated code calls it by
+        self.unused_devices: dict = {}  # device Ref key -> nothing is placed on it (the steps run on the CPU)
 
     # =========================================================================
     # planning: everything is decided on the original tree, before any change
@@ -373,8 +377,8 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
                 continue
             receiver = call.func.value
             ref = self.optimizer_of(receiver, call)
-            if ref is None and self.is_known_other(receiver, call):
-                continue
+            if ref is None and (self.is_known_other(receiver, call) or not self.may_be_optimizer(receiver)):
+                continue  # an environment, a scheduler: not stepped through the scaler
             if ref is None:
                 raise Problem(first, "AM414", f"cannot trace `{code_of(receiver)}` (stepped in this training step) to a torch.optim constructor in reach (a parameter? a factory?): bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer and scale by hand")
             if call.args:
@@ -418,12 +422,13 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         self.edits.insert_after(plan.update_after, statement(f"{scaler}.update()"))
         scaler_binding.used = True
         self.dtype_binding(plan.device).used = True
-        self.add_import(PRECISION, "autocast_dtype")
-        self.add_import(PRECISION, "grad_scaler")
+        self.import_runtime("autocast_dtype")
+        self.import_runtime("grad_scaler")
         self.need_torch()
         stepped = ", ".join(self.optimizer_text(ref, site) for ref in plan.optimizers)
+        on_cpu = UNUSED_DEVICE if plan.device.kind == CPU and self.left_unused() else ""
         for backward in plan.backwards:
-            self.fix(backward.call or backward.statement, "AM401", f"forward and loss under torch.autocast (bf16 on GPUs that support it, else fp16 with the GradScaler; fp32 on a CPU; ACCELMIGRATE_PRECISION overrides), backward scaled, {stepped} stepped through the scaler")
+            self.fix(backward.call or backward.statement, "AM401", f"forward and loss under torch.autocast (bf16 on GPUs that support it, else fp16 with the GradScaler; fp32 on a CPU; ACCELMIGRATE_PRECISION overrides), backward scaled, {stepped} stepped through the scaler{on_cpu}")
 
     def optimizer_text(self, ref: Ref, site: cst.CSTNode) -> str:
         return f"{self.owner_at(site)}.{ref.name}" if ref.kind == "attr" else ref.name

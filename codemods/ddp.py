@@ -26,7 +26,17 @@ What it does
       overwrite its BatchNorm statistics in place between forwards that
       autograd still needs; each rank keeps its own statistics, the
       parameters stay equal. A model whose `forward` (in this file) calls a
-      layer only under a condition gets `find_unused_parameters=True`;
+      layer only under a condition gets `find_unused_parameters=True`.
+      A model whose loss sums over the batch (`reduction="sum"`, `.sum()`;
+      read by `codemods/script/reduction.py`) gets
+      `sum_gradients_across_ranks(model)` right after the wrap: a
+      communication hook that adds the ranks' gradients up where DDP would
+      average them (each rank's sum is over its share of the global batch,
+      so the sum is the original's gradient; the average would be 1/world of
+      it). A hook rather than `loss * world_size()`: the loss the script
+      logs and the code around `backward()` stay as written. Under
+      `ddp=per-process` the average is kept: with the learning rate scaled by
+      the world size, it already gives the original's step per sample;
     - makes a loop that trains leave on rank 0's decision
       (`if rank_zero_decides(loss.item() < target): break`, early stopping,
       a `while` test) wherever the condition may differ between ranks: a
@@ -148,6 +158,8 @@ ADDED_NAMES = {
     "barrier": RUNTIME,
     "rank_local_buffers": RUNTIME,
     "rank_zero_decides": RUNTIME,
+    "sum_gradients_across_ranks": "accelmigrate.runtime.gradients",
+    "draw_rank_share": RUNTIME,
 }
 # Mechanical consequences of running on several ranks: one finding per file, at the first.
 ONE_FINDING_PER_FILE = {
@@ -156,9 +168,13 @@ ONE_FINDING_PER_FILE = {
         + (f" ({n} statements, the first here)" if n > 1 else "")
     ),
     "AM507": lambda n: "tqdm bars on rank 0 only: `disable=not is_main_process()`" + (f" ({n} bars, the first here)" if n > 1 else ""),
+    "AM533": lambda n: (
+        "`per_process_batch_size(...)` where the loop that trains shapes tensors with the loader's batch size: each "
+        "step holds this process's share of the batch the DataLoader now splits" + (f" ({n} sizes, the first here)" if n > 1 else "")
+    ),
 }
 # Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
-ADDED_WHERE_NEEDED = frozenset({"barrier", "rank_zero_decides"})
+ADDED_WHERE_NEEDED = frozenset({"barrier", "rank_zero_decides", "draw_rank_share"})
 
 
 def _batch_mode(options) -> str:
@@ -200,6 +216,8 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM529": "learning rate that cannot be scaled",
         "AM530": "name needed by the migrated code already used",
         "AM531": "no entry point in this file to join the process group from",
+        "AM532": "random draw sized by the batch, alike on every rank (a GAN's noise)",
+        "AM533": "global batch size shaping this process's share of the batch",
     }
     # AM526: the script already sets up torch.distributed itself (or ddp's own
     # output does); nothing in it to change, only to launch.

@@ -30,6 +30,8 @@ What it does
     - `nn.init.xavier_uniform(w)` and the other initialisers without the
       trailing underscore become `nn.init.xavier_uniform_(w)`, the same
       function under its current name (AM225).
+    - `loss.backward(retain_variables=True)` (and `torch.autograd.backward`'s)
+      becomes `retain_graph=True`, the keyword's name since 0.4 (AM226).
 
 Why
     Since PyTorch 0.4 a loss is a 0-dim tensor: `loss.data[0]` raises
@@ -78,17 +80,19 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._base import Codemod, code_of, remove_statements
+from ._base import code_of, remove_statements
 from ._item.syntax import positional_args
+from ._modernize.backward_args import BackwardArgumentPlans
 from ._modernize.init_names import InitNamePlans
 from ._modernize.loss_arguments import LossArgumentPlans, with_reduction
 from ._modernize.one_number import DataIndexPlans
+from ._modernize.planning import Planning
 from ._modernize.syntax import Expression, in_context, method_call
 from ._modernize.values import Values
 from ._modernize.variables import VariablePlans
 
 
-class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans, Codemod):
+class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans, BackwardArgumentPlans, Planning):
     word = "modernize"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "rewrite pre-0.4 idioms that fail today: loss.data[0], Variable(...), volatile=True, size_average"
@@ -99,19 +103,13 @@ class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans,
         "AM223": "a running total of loss.data read as total[0]: accumulate loss.item()",
         "AM224": "size_average= / reduce= of a loss: reduction=",
         "AM225": "nn.init initialiser without the trailing underscore: the underscore form",
+        "AM226": "backward(retain_variables=...) (a TypeError since PyTorch 0.4): retain_graph=",
     }
     triggers = (
         "Variable", ".data", "volatile", "size_average", "reduce",
-        "uniform", "normal", "constant", "eye", "dirac", "orthogonal", "sparse",
+        "uniform", "normal", "constant", "eye", "dirac", "orthogonal", "sparse", "retain_variables",
     )  # fmt: skip
     # Names come from the script model: LibCST's own resolution is not needed.
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._replace: dict[cst.CSTNode, object] = {}  # original node -> how to rewrite it
-        self._doomed: set[cst.CSTNode] = set()  # statement lines left doing nothing
-        self._wraps: dict[cst.CSTNode, list] = {}  # block -> [(first, last) statement under no_grad]
-        self._torch = "torch"
 
     # -- planning, on the original tree -----------------------------------------------
 
@@ -124,6 +122,7 @@ class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans,
         self._plan_variables(calls)
         self._plan_legacy_reductions(calls)
         self._plan_initialisers()
+        self._plan_backward_arguments()
         return bool(self._replace or self._doomed or self._wraps)
 
     # -- rewriting ----------------------------------------------------------------------

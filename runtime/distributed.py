@@ -14,7 +14,8 @@ Helpers that migrated scripts call: `is_distributed()`, `is_main_process()`,
 `global_rank()`, `world_size()`, `ddp_device_ids(model)`,
 `unwrap_model(model)`, `per_process_batch_size(batch_size)`, `barrier()`,
 `sum_across_ranks(...)`, `mean_across_ranks(total, count)`,
-`rank_zero_decides(condition)` and `rank_local_buffers()`; and
+`rank_zero_decides(condition)`, `rank_local_buffers()` and
+`draw_rank_share(draw, batch, *size)`; and
 `SeededDistributedSampler`, the training DataLoader's sampler.
 
 Imports torch and the standard library only.
@@ -32,7 +33,7 @@ import multiprocessing
 import os
 import re
 import time
-from typing import Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -181,6 +182,22 @@ def per_process_batch_size(batch_size: int) -> int:
     return batch_size // world
 
 
+def draw_rank_share(draw: Callable[..., torch.Tensor], batch: int, *size: int, **kwargs: Any) -> torch.Tensor:
+    """This rank's share of a random draw sized by the batch (a GAN's noise,
+    `torch.randn(batch, latent)`, where `batch` is this process's share of
+    the original batch): `draw(batch * world, *size)`, the draw the original
+    made for its whole batch, made alike on every rank (their generators are
+    seeded alike and stay in step), and this rank's rows of it,
+    `rank, rank + world, ...`: the rows the original drew for the samples
+    that SeededDistributedSampler gives this rank. The ranks' shares then
+    differ and together make up the original's draw; in a world of one it is
+    `draw(batch, *size)` itself."""
+    world = env.world_size()
+    if world == 1:
+        return draw(batch, *size, **kwargs)
+    return draw(batch * world, *size, **kwargs)[env.rank() :: world].contiguous()  # `.view()` as before
+
+
 class SeededDistributedSampler(DistributedSampler):
     """A DistributedSampler for this launch whose order is the one the
     original `DataLoader(shuffle=True)` drew, from the script's own seeding.
@@ -304,6 +321,7 @@ __all__ = [
     "barrier",
     "ddp_device_ids",
     "destroy_distributed",
+    "draw_rank_share",
     "distributed_session",
     "first_slurm_host",
     "global_rank",

@@ -16,7 +16,17 @@ torch's generators with 0 and installing probes on torch's own classes:
   `verify` knows which tolerance applies;
 - with ACCELMIGRATE_VERIFY_BATCH_SCALE=N every DataLoader given a
   `batch_size` yields N times larger batches: the big-batch reference for a
-  migration to gradient accumulation or to N processes.
+  migration to gradient accumulation or to N processes;
+- dropout drawn in training (`torch.nn.functional.dropout` and its kin,
+  which the Dropout modules call, with p > 0) is noted: masks drawn per
+  forward, which a migration that splits or reorders the forwards draws
+  otherwise;
+- with ACCELMIGRATE_VERIFY_MAP_CUDA=1 on a machine without CUDA, the
+  script's CUDA placements go to this machine's device
+  (`cuda_on_host`), and how many were mapped is recorded;
+- with ACCELMIGRATE_VERIFY_MIRROR=SOURCE:COPY (the run is in a mirror of
+  SOURCE made by `side_folders`), what the script writes through a link of
+  the mirror lands in the copy.
 
 After K optimizer steps the script is stopped. The record goes to
 FOLDER/rank<RANK>.json; the process then ends at once (a process group left
@@ -33,13 +43,18 @@ import sys
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
+from . import cuda_on_host
+from .device import chosen_device
 from .script_runner import StopScript, run_script
+from .side_folders import Guard
 
 SEED = 0
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
 
 
 class Recorder:
@@ -53,14 +68,30 @@ class Recorder:
         self._backwards = 0
         self._scaled: dict[int, float] = {}  # id of a scaled loss -> the loss's value
         self._optimizers: list[Any] = []
+        self.random_per_forward: set[str] = set()
 
     def install(self, batch_scale: int) -> None:
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._probe_backward()
         self._probe_grad_scaler()
         self._probe_autocast()
+        self._probe_dropout()
         if batch_scale > 1:
             _scale_batches(batch_scale)
+
+    def _probe_dropout(self) -> None:
+        recorder = self
+        for name in DROPOUTS:
+            original = getattr(F, name, None)
+            if original is None:
+                continue
+
+            def dropout(input, p=0.5, training=True, *args, _original=original, _name=name, **kwargs):
+                if training and p > 0 and torch.is_grad_enabled():
+                    recorder.random_per_forward.add(_name)
+                return _original(input, p, training, *args, **kwargs)
+
+            setattr(F, name, dropout)
 
     def _probe_backward(self) -> None:
         recorder, original = self, torch.autograd.backward
@@ -151,6 +182,31 @@ def _seed_everything() -> None:
     numpy.random.seed(SEED)
 
 
+def _keep_writes_in_the_mirror() -> None:
+    """Writes reaching through the mirror's links land in the copy; torch.save
+    of a path writes from C++, so it is unfolded before too."""
+    mirror = os.environ.get("ACCELMIGRATE_VERIFY_MIRROR")
+    if not mirror:
+        return
+    source, copy = mirror.split(os.pathsep, 1)
+    guard = Guard(source, copy)
+    guard.install()
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            guard.unfold(f, keep_content=False)
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
+def _map_cuda() -> Optional[cuda_on_host.CudaOnHost]:
+    if os.environ.get("ACCELMIGRATE_VERIFY_MAP_CUDA") != "1" or torch.cuda.is_available():
+        return None
+    return cuda_on_host.install(chosen_device())
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -159,6 +215,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     faulthandler.enable()
     recorder = Recorder(int(os.environ.get("ACCELMIGRATE_VERIFY_STEPS", "10")))
     recorder.install(int(os.environ.get("ACCELMIGRATE_VERIFY_BATCH_SCALE", "1")))
+    _keep_writes_in_the_mirror()
+    cuda = _map_cuda()
     _seed_everything()
     status, exit_code, error = run_script(argv[0], argv[1:])
     record = {
@@ -167,6 +225,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         "error": error,
         "steps": recorder.steps,
         "low_precision": sorted(recorder.low_precision),
+        "random_per_forward": sorted(recorder.random_per_forward),
+        "cuda_mapped_to": str(cuda.target) if cuda is not None and cuda.mapped else None,
     }
     rank = os.environ.get("RANK", "0")
     with open(os.path.join(folder, f"rank{rank}.json"), "w", encoding="utf-8") as handle:

@@ -12,6 +12,7 @@ SCRIPTS = FIXTURES / "scripts"
 
 # The result cache lives outside the folders that tests list and compare.
 os.environ.setdefault("ACCELMIGRATE_CACHE_DIR", tempfile.mkdtemp(prefix="accelmigrate-cache-"))
+os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="accelmigrate-user-cache-"))  # the cache's secret
 
 
 # A gloo process group can abort a process (SIGABRT) as the process ends,

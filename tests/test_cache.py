@@ -36,8 +36,14 @@ EMPTY_CACHE = [("empty-cache", {})]
 
 
 @pytest.fixture(autouse=True)
-def cache_at_the_project_root(monkeypatch):
+def cache_at_the_project_root(monkeypatch, tmp_path_factory):
     monkeypatch.delenv(CACHE_DIR_VARIABLE, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))  # the user's secret
+
+
+def payload(entry: Path) -> dict:
+    """An entry's JSON, after its signature line."""
+    return json.loads(entry.read_bytes().partition(b"\n")[2])
 
 
 @pytest.fixture
@@ -201,7 +207,7 @@ def test_a_damaged_entry_is_a_miss_and_is_replaced(project: Path, migrations, da
     migrations.clear()
     second = invoke("check", "train.py", cwd=project)
     assert migrations == ["train.py"] and second.stdout == first.stdout
-    assert json.loads(entry.read_text())["findings"]  # written again, whole
+    assert payload(entry)["findings"]  # written again, whole
 
 
 def test_an_unreadable_cache_folder_costs_nothing_but_speed(project: Path):
@@ -273,7 +279,8 @@ def test_a_cache_entry_round_trips(tmp_path: Path):
     cache = ResultCache.open(tmp_path / "cache", {"plan": EMPTY_CACHE})
     finding = Finding(5, 5, "AM210", "removed", True, "empty-cache")
     key = cache.key("train.py", SourceText(LOOP, "utf-8"))
-    assert cache.get(key) is None
-    cache.put(key, Outcome(MIGRATED, [finding]))
-    assert cache.get(key) == Outcome(MIGRATED, [finding])
+    source = SourceText(LOOP, "utf-8")
+    assert cache.get(key, source) is None
+    cache.put(key, Outcome(MIGRATED, [finding]), source)
+    assert cache.get(key, source) == Outcome(MIGRATED, [finding])
     assert key != cache.key("train.py", SourceText(LOOP, "latin-1"))  # written back in another encoding

@@ -3,6 +3,7 @@ holds no torch (the tool never imports it; `run` and `profile` ask for the
 `torch` extra), and every package of the project is installed."""
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -137,3 +138,43 @@ def test_the_pre_commit_hooks_install_without_torch(tmp_path):
     names = [line.split("==")[0] for line in installed.split()]
     assert "accelmigrate" in names and "libcst" in names
     assert not [name for name in names if name.startswith(TORCH_DISTRIBUTIONS)], names
+
+
+# --- the hooks' command lines: pre-commit appends the file names to the entry ----------------------
+
+LOOP_WITH_EMPTY_CACHE = "#!/usr/bin/env python\nimport torch\n\nfor step in range(3):\n    torch.cuda.empty_cache()\n"
+
+
+def _hook_command(hook_id: str, files: list) -> list:
+    """What pre-commit runs for the hook: its entry, then the file names."""
+    yaml = pytest.importorskip("yaml")
+    hooks = {hook["id"]: hook for hook in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))}
+    program, *arguments = shlex.split(hooks[hook_id]["entry"])
+    assert program == "accelmigrate"
+    return [sys.executable, "-m", "accelmigrate", *arguments, *files]
+
+
+def _script_named(folder: Path, name: str) -> Path:
+    """An executable script (pre-commit takes it for Python by its shebang)."""
+    path = folder / name
+    path.write_text(LOOP_WITH_EMPTY_CACHE, encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("name", ["--help", "--version", "-h", "--to=nothing"])
+def test_the_check_hook_checks_a_file_named_like_an_option(tmp_path: Path, name: str):
+    _script_named(tmp_path, name)
+    done = subprocess.run(_hook_command("accelmigrate-check", [name]), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr  # a finding, not a help screen that exits 0
+    assert f"{name}:5:5: AM210" in done.stdout
+
+
+def test_the_apply_hook_applies_to_files_named_like_options(tmp_path: Path):
+    names = ["--help", "-x.py", "train.py"]
+    for name in names:
+        _script_named(tmp_path, name)
+    done = subprocess.run(_hook_command("accelmigrate-apply", names), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 file(s) changed" in done.stderr
+    assert all("empty_cache" not in (tmp_path / name).read_text(encoding="utf-8") for name in names)

@@ -428,3 +428,49 @@ def test_the_notebook_note_does_not_fail_check(tmp_path: Path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     shown = run_cli("check", "--no-cache", "--show-notes", str(path))
     assert NOT_IN_NOTEBOOK in shown.stdout
+
+
+# --- each cell parses on its own, as Jupyter runs it ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (["for step in range(3):\n"], ["    print(step)"]),  # a block that the next cell holds
+        (["x = (1,\n"], ["2)"]),  # a bracket that the next cell closes
+        (["try:\n", "    import tqdm\n"], ["except ImportError:\n", "    tqdm = None"]),  # a statement split
+    ],
+)
+def test_a_cell_that_parses_only_joined_to_the_next_is_refused(tmp_path: Path, first, second):
+    path = saved(tmp_path, notebook(code(lines(SETUP)), markdown(["# Steps"]), code(first), code(second)))
+    data = path.read_bytes()
+    result = process_file(str(path), DEFAULT_PLAN, write=True)
+    assert result.error is not None and result.error.startswith(f"{path}:cell 3:"), result.error
+    assert "syntax error" in result.error and "\n" not in result.error
+    assert (result.written, path.read_bytes()) == (False, data)
+
+
+def test_a_notebook_with_a_cell_that_does_not_parse_alone_is_an_error_and_the_rest_is_processed(tmp_path: Path):
+    saved(tmp_path, notebook(code(["for step in range(3):\n"]), code(["    print(step)"])), "split.ipynb")
+    (tmp_path / "train.py").write_text("import torch\n\nfor step in range(3):\n    torch.cuda.empty_cache()\n")
+    checked = run_cli("check", "--no-cache", "--to", "empty-cache", str(tmp_path))
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert f"error: {tmp_path / 'split.ipynb'}:cell 1:" in checked.stderr
+    assert "train.py:4:5: AM210" in checked.stdout
+
+
+def test_ipython_lines_still_parse_in_a_cell_of_their_own():
+    parsed = parse_notebook(json.dumps(notebook(code(["%%time\n", "for x in y:\n"]), code(["!ls\n", "%pwd"]))))
+    assert parsed.source.count(PLACEHOLDER) == 4
+
+
+def test_a_notebook_nested_too_deeply_is_not_json():
+    with pytest.raises(NotebookError, match="not JSON"):
+        parse_notebook("[" * 100_000 + "]" * 100_000)
+
+
+def test_a_deeply_nested_notebook_is_that_files_not_json_error(tmp_path: Path):
+    path = tmp_path / "deep.ipynb"
+    path.write_text('{"cells": ' + "[" * 100_000 + "]" * 100_000 + ', "nbformat": 4}', encoding="utf-8")
+    result = process_file(str(path), DEFAULT_PLAN, write=True)
+    assert result.error is not None and "not JSON" in result.error and "internal error" not in result.error

@@ -9,7 +9,8 @@ from typing import Optional, Sequence
 import libcst as cst
 
 from .._base import is_docstring
-from .plan import AUTOCAST_DTYPE, CPU, CPU_TEXT, DTYPE_NAMES, GRAD_SCALER_FACTORY, PRECISION, SCALER_NAMES, Binding, Problem, Ref, StepPlan, is_import_line, statement
+from .passed import FOLLOW_DEPTH
+from .plan import AUTOCAST_DTYPE, CPU, CPU_TEXT, DTYPE_NAMES, GRAD_SCALER_FACTORY, SCALER_NAMES, Binding, Problem, Ref, StepPlan, is_import_line, statement
 
 
 class Bindings:
@@ -42,9 +43,10 @@ class Bindings:
         existing = self.existing_binding(ref, GRAD_SCALER_FACTORY)
         if existing is not None:
             return existing
-        block, anchors = self.common_block(lines)
-        after = max(anchors, key=self.order)
+        _, anchors = self.common_block(lines)
         site = group[0].site
+        uses = self.scaler_uses(ref, group)
+        after = self.last_before(anchors, uses)
         if ref.kind == "attr" and self.method_owner(after) is None:
             raise Problem(site, "AM414", "the optimizer attributes are bound in different methods: bind `self.scaler = grad_scaler(self.device, self.amp_dtype)` after them by hand")
         device = group[0].device
@@ -54,12 +56,52 @@ class Bindings:
             after = dtype.after  # the device is bound after the optimizer: the scaler follows the dtype
         elif not (same_scope and device.kind == "attr") and self.device_at(after) is not device:
             raise Problem(site, "AM413", "the device binding is out of reach where the optimizer is built: bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer by hand")
-        for plan in group:
-            if self.facts.scope_of(plan.site) is self.facts.scope_of(after) and not self.ends_before(after, plan.site):
-                raise Problem(plan.site, "AM414", "the optimizer is bound after a training loop that uses it: bind `scaler = grad_scaler(device, amp_dtype)` before that loop by hand")
+        after = self.dominating(after, uses)
+        for use in uses:
+            if not self.ends_before(after, use):
+                raise Problem(site, "AM414", "the optimizer is bound after a training loop that uses it: bind `scaler = grad_scaler(device, amp_dtype)` before that loop by hand")
         owner = self.owner_at(after) if ref.kind == "attr" else None
         name = self.free_name(ref, SCALER_NAMES, [p.site for p in group] + [after])
-        return Binding(ref.kind, name, after, owner, f"grad_scaler({self.device_text(device, after)}, {dtype.text(self.owner_at(after))})")
+        return Binding(ref.kind, name, after, owner, f"{self.runtime_name('grad_scaler')}({self.device_text(device, after)}, {dtype.text(self.owner_at(after))})")
+
+    def scaler_uses(self, ref: Ref, group: list) -> list:
+        """Where the code of `ref`'s scope first needs the scaler: each place
+        the steps read it, or, in a function, each call of that function (in
+        the order the file's statements, or a notebook's cells, run)."""
+        nodes = []
+        for plan in group:
+            nodes += [plan.site, *(b.statement for b in plan.backwards), *(call for call, _ in plan.steps), *(anchor for anchor, _, _ in plan.unscales)]
+            nodes += [plan.update_after] if plan.update_after is not None else []
+        if ref.kind == "attr":  # read in the methods, once an instance exists
+            return [n for n in nodes if self.facts.scope_of(n) is self.facts.scope_of(ref.bindings[0])]
+        return [point for node in nodes for point in self.points_in(node, ref.home)]
+
+    def points_in(self, node: cst.CSTNode, home, depth: int = 0) -> list:
+        """`node` if it runs in scope `home`'s own code, else the calls in
+        `home` that run the function holding it (none: called from elsewhere)."""
+        if self.facts.scope_of(node) is home:
+            return [node]
+        function = self.facts.function_at(node)
+        if function is None or depth > FOLLOW_DEPTH:
+            return []
+        return [point for site in function.callers for point in self.points_in(site.call, home, depth + 1)]
+
+    def last_before(self, anchors: list, uses: list) -> cst.CSTNode:
+        """The last of the optimizers' bindings that comes before every use of
+        the scaler (a notebook rebinds the optimizer after a first run)."""
+        fitting = [a for a in anchors if all(self.ends_before(a, use) for use in uses)]
+        return max(fitting or anchors, key=self.order)
+
+    def dominating(self, after: cst.CSTNode, uses: list) -> cst.CSTNode:
+        """Where a binding placed after `after` runs on every path to `uses`:
+        after the statement around it (an `if args.use_optimizer:`) that
+        shares a block with every use."""
+        if not uses:
+            return after
+        _, holders = self.common_block([after, *uses])
+        if holders[0] is not after and any(holders[0] is u or holders[0] in self.ancestors(u) for u in uses):
+            raise Problem(uses[0], "AM414", "the scaler is read both inside and after the block that builds the optimizer: bind `scaler = grad_scaler(device, amp_dtype)` before that block by hand")
+        return holders[0]
 
     def shared_scaler(self, home: tuple, sites: list) -> Optional[Binding]:
         """The scaler already planned where these optimizers live (for a call
@@ -100,7 +142,7 @@ class Bindings:
             if ref.kind == "attr":
                 if not self.facts.self_attribute(ref.home, name):
                     return name
-            elif not any(self.facts.bindings_of(name, site) for site in sites):
+            elif not self.bound_within(name, ref.home) and not any(self.facts.bindings_of(name, site) for site in sites):
                 return name
         raise Problem(sites[0], "AM414", f"the names {', '.join(candidates)} are taken: bind the autocast dtype and the GradScaler by hand")
 
@@ -117,7 +159,7 @@ class Bindings:
                 after = max(anchors, key=self.order)
                 owner = self.owner_at(after) if device.kind == "attr" else None
                 name = self.free_name(device, DTYPE_NAMES, [after])
-                binding = Binding(device.kind, name, after, owner, f"autocast_dtype({self.device_text(device, after)})")
+                binding = Binding(device.kind, name, after, owner, f"{self.runtime_name('autocast_dtype')}({self.device_text(device, after)})")
             self.dtype_bindings[device.key] = binding
         return self.dtype_bindings[device.key]
 
@@ -128,7 +170,7 @@ class Bindings:
         body = list(self.tree.body)
         position = next((i for i, s in enumerate(body) if not (is_docstring(s) or is_import_line(s))), len(body) - 1)
         name = self.free_name(device, DTYPE_NAMES, [body[position]])
-        value = f"autocast_dtype({CPU_TEXT})"
+        value = f"{self.runtime_name('autocast_dtype')}({CPU_TEXT})"
         if position > 0 and is_import_line(body[position - 1]):
             return Binding("name", name, body[position - 1], None, value, spaced=True)  # a blank line after the imports
         return Binding("name", name, body[position], None, value, before=True)
@@ -174,7 +216,7 @@ class Bindings:
 
     def use_dtype(self, device: Ref) -> None:
         self.dtype_binding(device).used = True
-        self.add_import(PRECISION, "autocast_dtype")
+        self.import_runtime("autocast_dtype")
         self.need_torch()
 
     def commit_bindings(self) -> None:

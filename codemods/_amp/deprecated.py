@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import libcst as cst
 
 from .._base import code_of
-from .plan import CPU, NO_SPACE_EQUAL, PRECISION, Problem, Ref, without_parens
+from .plan import CPU, NO_SPACE_EQUAL, Problem, Ref, without_parens
 
 # Deprecated spelling -> (its torch.amp replacement, the device it hard-coded).
 DEPRECATED = {
@@ -112,7 +112,7 @@ class DeprecatedApi:
                 for keyword, value in self.old_keywords(call, OLD_SCALER_POSITIONAL)
                 if not (keyword == "enabled" and isinstance(value, cst.Name) and value.value == "True")
             ]
-            text = f"grad_scaler({', '.join([self.device_text(device, call), dtype, *options])})"
+            text = f"{self.runtime_name('grad_scaler')}({', '.join([self.device_text(device, call), dtype, *options])})"
             message = f"deprecated {name}(...) replaced by grad_scaler(device, {dtype}): it scales the loss only when {dtype} is float16, as the runtime's precision asks"
         if not self.fix(call, "AM404", message):
             return
@@ -123,7 +123,7 @@ class DeprecatedApi:
         if replacement == "autocast" and isinstance(item, cst.WithItem):
             self.autocast_spans.append(self.parent(item))  # its precision may now be bfloat16
         if replacement != "autocast":
-            self.add_import(PRECISION, "grad_scaler")
+            self.import_runtime("grad_scaler")
         self.forget_import_of(call.func)
 
     @staticmethod

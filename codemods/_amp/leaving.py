@@ -33,18 +33,14 @@ class Leaving:
     `with` blocks that the committed edits run under autocast."""
 
     def plan_leaving(self) -> None:
-        if not self.autocast_spans or self.binds_full_precision():
+        if not self.autocast_spans:
             return
         for scope, names in self.reduced_names().items():
             for call in self.calls_of(scope):
                 self.cast_what_leaves(call, names)
         if self.casts_to_numpy:
-            self.add_import(PRECISION, "full_precision")
+            self.import_runtime("full_precision")
             self.fix(min(self.casts_to_numpy, key=self.order), "AM407", f"{len(self.casts_to_numpy)} value(s) computed under autocast cast back to float32 with full_precision() where they reach numpy (bfloat16 has no numpy dtype; a no-op in float32)")
-
-    def binds_full_precision(self) -> bool:
-        """The file has a `full_precision` of its own: the cast would call it."""
-        return any(b.qualified != FULL_PRECISION for b in self.script.module_scope.bindings.get("full_precision", []))
 
     def calls_of(self, scope) -> list:
         """The calls the code of `scope` makes, its lambdas and comprehensions included."""
@@ -147,19 +143,22 @@ class Leaving:
         if self.is_suppressed(call, "AM407"):
             return
         if method_call(call, "numpy") and self.carries(call.func.value, names):
-            self.edits.replace[call] = lambda updated: updated.with_changes(func=updated.func.with_changes(value=_full_precision(updated.func.value)))
+            self.edits.replace[call] = lambda updated: updated.with_changes(func=updated.func.with_changes(value=self.full_precision(updated.func.value)))
             self.note_cast(call)
             return
         if any(name.startswith(NUMPY_READERS) for name in self.qualified_names(call.func)):
             positions = [i for i, arg in enumerate(call.args) if not arg.star and self.carries(arg.value, names)]
             if positions:
                 self.edits.replace[call] = lambda updated, positions=positions: updated.with_changes(
-                    args=[a.with_changes(value=_full_precision(a.value)) if i in positions else a for i, a in enumerate(updated.args)]
+                    args=[a.with_changes(value=self.full_precision(a.value)) if i in positions else a for i, a in enumerate(updated.args)]
                 )
                 self.note_cast(call)
 
     def note_cast(self, call: cst.Call) -> None:
         self.casts_to_numpy.append(call)
+
+    def full_precision(self, value: cst.BaseExpression) -> cst.Call:
+        return cst.Call(func=cst.Name(self.runtime_name("full_precision")), args=[cst.Arg(without_parens(value))])
 
 
 def _assigned(statement: Optional[cst.CSTNode]) -> Optional[cst.BaseExpression]:
@@ -168,10 +167,6 @@ def _assigned(statement: Optional[cst.CSTNode]) -> Optional[cst.BaseExpression]:
     if isinstance(statement, cst.For):
         return statement.iter
     return None
-
-
-def _full_precision(value: cst.BaseExpression) -> cst.Call:
-    return cst.Call(func=cst.Name("full_precision"), args=[cst.Arg(without_parens(value))])
 
 
 def _children(node: cst.CSTNode) -> list:

@@ -22,6 +22,9 @@ from .plan import APEX_INITIALIZE, CPU, Problem, Ref, is_block
 _KNOWN_KINDS = ("device", "optimizer", "scheduler")
 # `device = torch.accelerator.current_accelerator()` (after `is_available()`): a torch.device.
 ACCELERATOR_DEVICE = frozenset({"torch.accelerator.current_accelerator"})
+# What a script does with an optimizer and not with an environment or a scheduler.
+OPTIMIZER_USES = frozenset({"zero_grad", "param_groups", "add_param_group"})
+PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
 
 
 class Resolution:
@@ -234,7 +237,7 @@ class Resolution:
         for name in self.device_names():
             ref = self.device_named(name, site) if not self.is_instance_attribute(name, site) else None
             if ref is not None:
-                return self.devices.setdefault(ref.key, ref)
+                return self.where_computed(self.devices.setdefault(ref.key, ref))
         owner = self.method_owner(site)
         if owner is not None:
             prefix = owner[1] + "."
@@ -242,7 +245,7 @@ class Resolution:
             for attr in sorted(attributes | {"device"}, key=lambda a: (a != "device", a)):
                 ref = self.resolve_ref(cst.Attribute(value=cst.Name(owner[1]), attr=cst.Name(attr)), site, ("device",))
                 if ref is not None:
-                    return self.devices.setdefault(ref.key, ref)
+                    return self.where_computed(self.devices.setdefault(ref.key, ref))
         return self.device_parameter_at(site) or self.cpu_only()
 
     def device_names(self) -> list:
@@ -315,10 +318,7 @@ class Resolution:
     def cpu_only(self) -> Optional[Ref]:
         """The CPU, for a script that never names a device: its tensors and
         modules stay where torch makes them."""
-        if self.facts.names_a_device():
-            return None
-        ref = Ref(CPU, CPU, self.script.module_scope, [])
-        return self.devices.setdefault(ref.key, ref)
+        return None if self.facts.names_a_device() else self.cpu_ref()
 
     def optimizer_of(self, receiver: cst.BaseExpression, site: cst.CSTNode) -> Optional[Ref]:
         return self.optimizer_passed(receiver, site)
@@ -328,6 +328,44 @@ class Resolution:
         learning-rate scheduler, None, an instance of a plain class of the file. (Anything else built by a call may be an
         optimizer from a factory, whose step must go through the scaler.)"""
         return self.resolve_ref(receiver, site, ("scheduler", "plain", "other")) is not None
+
+    def may_be_optimizer(self, receiver: cst.BaseExpression) -> bool:
+        """The script treats the untraced `receiver` of a `.step()` as an
+        optimizer: it builds it from a model's parameters (a factory, a
+        hand-written optimizer class), zeroes its gradients, reads its
+        param_groups or hands it to a learning-rate scheduler. What else is
+        stepped (an environment, a scheduler from a factory) is no optimizer."""
+        spelled = self.dotted(receiver)
+        if spelled is None:
+            return True  # `make()[0].step()`: nothing to tell it by
+        bindings = {id(b) for b in self.script.bindings_of_reference(receiver)}
+        for binding in self.script.bindings_of_reference(receiver):
+            if binding.value is not None and self.built_from_parameters(binding.value):
+                return True
+        for node in self.script.index.nodes:
+            if isinstance(node, cst.Attribute) and node.attr.value in OPTIMIZER_USES:
+                spelling = node.value
+            elif isinstance(node, cst.Call) and node.args and self.script.kind_of(node) == "scheduler":
+                spelling = node.args[0].value
+            else:
+                continue
+            if self.dotted(spelling) == spelled and (not bindings or bindings & {id(b) for b in self.script.bindings_of_reference(spelling)}):
+                return True
+        return False
+
+    def built_from_parameters(self, value: cst.BaseExpression) -> bool:
+        """A call given a model or its parameters, or an instance of a class
+        of the file that reads gradients."""
+        if not isinstance(value, cst.Call):
+            return False
+        if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in PARAMETER_METHODS for n in walk(value)):
+            return True
+        if any(self.script.kind_of(argument.value) == "model" for argument in value.args):
+            return True
+        if isinstance(value.func, cst.Name):
+            definitions = self.script.index.bindings_of(value.func.value, self.script.index.scope_of(value))
+            return any(d.kind == "class" and self.may_train(d.node) for d in definitions)
+        return False
 
     # -- torch's name here ------------------------------------------------------------------
 

@@ -78,7 +78,7 @@ class Passed:
         body = list(device.home.node.body.body)
         first = body[1] if len(body) > 1 and is_docstring(body[0]) else body[0]
         name = self.free_name(device, ("amp_dtype", "autocast_dtype_"), [first])
-        return Binding("name", name, first, None, f"autocast_dtype({device.name})", before=True)
+        return Binding("name", name, first, None, f"{self.runtime_name('autocast_dtype')}({device.name})", before=True)
 
     def scaler_passed(self, group: list) -> Binding:
         """A new parameter of the training function, and a scaler bound in
@@ -88,7 +88,7 @@ class Passed:
         params = function.node.params
         if params.posonly_params or params.kwonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or any(p.default is not None for p in params.params):
             raise Problem(group[0].site, "AM414", f"{function.name}() receives the optimizer and has defaults or starred parameters: add a `scaler` parameter and pass it a `grad_scaler(device, amp_dtype)` bound next to the optimizer by hand")
-        name = next((n for n in SCALER_NAMES if n not in function.scope.bindings), None)
+        name = next((n for n in SCALER_NAMES if not self.bound_within(n, function.scope)), None)
         if name is None or any(a.keyword is not None and a.keyword.value == name for call, _ in sources for a in call.args):
             raise Problem(group[0].site, "AM414", f"the names {', '.join(SCALER_NAMES)} are taken in {function.name}(): pass it a GradScaler by hand")
         binding = Binding("param", name, function.node, None, "")

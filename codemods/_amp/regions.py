@@ -119,6 +119,7 @@ class Regions:
             if kind == "backward":
                 pending = []
             elif kind == "gradients" and pending is not None:
+                self.check_stepped_with(payload, steps)
                 pending.append(payload)
             elif kind == "step" and pending:
                 users_of.setdefault(payload.key, (payload, []))[1].extend(pending)
@@ -131,6 +132,27 @@ class Regions:
                 raise Problem(users[0], "AM415", "gradients are clipped or read where scaler.unscale_(optimizer) cannot go between the backward and the step: unscale by hand")
             placements.setdefault(anchor, ([], users[0]))[0].append(ref)
         return [(anchor, refs, user) for anchor, (refs, user) in placements.items()]
+
+    def check_stepped_with(self, user: cst.CSTNode, steps: list) -> None:
+        """Gradients read in a branch where no optimizer steps (`else:` a
+        hand-written update): with float16 they would carry the loss scale,
+        and no scaler.unscale_(optimizer) can go where no optimizer is."""
+        if all(self.exclusive(user, call) for call, _ in steps):
+            raise Problem(user, "AM415", "gradients are read on a path where no optimizer steps (a hand-written update?): with float16 they would carry the GradScaler's loss scale; step an optimizer on that path too, or add autocast and a GradScaler by hand")
+
+    def exclusive(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        """`first` and `second` are in different branches of one `if`."""
+        below = {}  # ancestor of `first` -> the node under it on the way to `first`
+        child = first
+        for ancestor in self.ancestors(first):
+            below[ancestor] = child
+            child = ancestor
+        child = second
+        for ancestor in self.ancestors(second):
+            if ancestor in below:
+                return isinstance(ancestor, cst.If) and below[ancestor] is not child and ancestor.test not in (below[ancestor], child)
+            child = ancestor
+        return False
 
     def gradient_users(self, unit: cst.CSTNode) -> list:
         """Clipping calls and reads of `.grad` in the unit."""

@@ -14,7 +14,9 @@ from typing import Callable, Optional
 import libcst as cst
 
 from .._base import is_name, keyword_arg, walk
+from ..script.reduction import sums_over_batch
 from ..script.uses import FOLLOW_DEPTH
+from .aliases import ModelAliases
 from .common import CannotMigrate, Insertion, Var, first_positional
 from .queries import method_of
 from .references import MODULE_API, UNWRAP_API, ModelReferences
@@ -27,6 +29,10 @@ LOCAL_BUFFERS_NOTE = (
 UNUSED_NOTE = (
     "; `find_unused_parameters=True`: its `forward` calls {layers} only under a condition, so a step may leave "
     "their parameters without gradients"
+)
+SUMMED_NOTE = (
+    "; `sum_gradients_across_ranks`: its loss sums over the batch, so the ranks' gradients are added up (the "
+    "original's sum over the whole batch) instead of averaged"
 )
 APEX_INITIALIZE = frozenset({"apex.amp.initialize"})
 # Layers without parameters: calling one under a condition leaves nothing unused.
@@ -42,7 +48,7 @@ PARAMETER_FREE_LAYERS = frozenset(
 
 
 
-class BareModelWrapping(ModelReferences):
+class BareModelWrapping(ModelAliases, ModelReferences):
     """Plans the wrap of the models the optimizers train, and builds a wrap."""
 
     def _wrap_notes(self, local_buffers: bool, unused: list[str]) -> str:
@@ -54,12 +60,17 @@ class BareModelWrapping(ModelReferences):
         local_buffers: bool = False,
     ) -> None:
         self._check_model_uses(model, anchor)
+        summed = self._sums_gradients(model)
 
         def wrap() -> None:
             self._use("is_distributed", "DistributedDataParallel", "ddp_device_ids")
             if local_buffers:
                 self._use("rank_local_buffers")
+            if summed:
+                self._use("sum_gradients_across_ranks")
             apply()
+
+        message += SUMMED_NOTE if summed else ""
 
         self._step(node, code, message, wrap, core=True)
 
@@ -72,13 +83,21 @@ class BareModelWrapping(ModelReferences):
         # is deprecated for `forward_sync_buffers` in newer versions).
         extra = (", find_unused_parameters=True" if unused else "") + (", **rank_local_buffers()" if local_buffers else "")
         statement = cst.parse_statement(
-            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target}){extra}){nl}",
+            f"if is_distributed():{nl}{indent}{target} = DistributedDataParallel({target}, device_ids=ddp_device_ids({target}){extra}){nl}"
+            + (f"{indent}sum_gradients_across_ranks({target})  # its loss sums over the batch{nl}" if self._sums_gradients(model) else ""),
             config=self._config,
         )
         if trailing is not None and trailing.comment is not None:
             inner = statement.body.body[0].with_changes(trailing_whitespace=trailing)
-            statement = statement.with_changes(body=statement.body.with_changes(body=[inner]))
+            statement = statement.with_changes(body=statement.body.with_changes(body=[inner, *statement.body.body[1:]]))
         return statement
+
+    def _sums_gradients(self, model: Var) -> bool:
+        """DDP averages the ranks' gradients; a loss summed over the batch needs
+        their sum (the global batch is split, so the sum is the original's).
+        With `ddp=per-process` the average beside the scaled learning rate
+        already gives the original's step per sample."""
+        return not self.per_process and sums_over_batch(self.script, model.code)
 
     def _after_moves(self, anchor: cst.CSTNode, model: Var) -> cst.CSTNode:
         """The last statement of `anchor`'s block, from `anchor` on, that moves the
@@ -86,8 +105,9 @@ class BareModelWrapping(ModelReferences):
         block = self.parent(anchor)
         body = list(block.body)
         last = anchor
+        names = self._alias_group(model)  # `model.to(device)` moves `net` too, after `model = net`
         for statement in body[body.index(anchor) + 1:]:
-            if self._moves_model(statement, model):
+            if any(self._moves_model(statement, name) for name in names):
                 last = statement
         return last
 
@@ -140,6 +160,7 @@ class BareModelWrapping(ModelReferences):
     def _plan_bare_model(self, model: Var, site: cst.Call, several: bool) -> tuple[Var, Callable[[], None]]:
         """The binding to wrap, and the step that plans the wrap (planned once every model is known)."""
         self._refuse_self_training(model, site)
+        trained = model
         model, built_at = self._binding_called_in_training(model, site)
         anchor, insert_before = self._bare_model_anchor(model, built_at)
         apex_line = self._after_apex_initialize(model, anchor)
@@ -155,6 +176,8 @@ class BareModelWrapping(ModelReferences):
         message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
         if after_apex:
             message += ", after `amp.initialize` (apex wraps the bare model first)"
+        if model in self._alias_group(trained) and model != trained:
+            message += f"; training calls it by this name, and `{trained.code}`, the same module, stays bare for the optimizer"
         if site in self._manual_updates():
             message += "; its hand-written update reads gradients that DDP averages across the ranks in `backward()`"
         message += self._wrap_notes(local_buffers, unused)
@@ -285,8 +308,12 @@ class BareModelWrapping(ModelReferences):
         wrap goes where the factory is called, on the variable passed to it."""
         site: cst.Call = optimizer
         for _ in range(FOLLOW_DEPTH + 1):
-            if self._called_outside_no_grad(model) or self._parameter_of(model) is None:
-                return model, site  # a model built here is wrapped here (and returned wrapped, if it is)
+            if self._called_outside_no_grad(model):
+                return model, site
+            if self._parameter_of(model) is None:
+                # A model built here is wrapped here (and returned wrapped, if it is); where
+                # training calls it by another name (`model = net`, `net(xb)`), under that one.
+                return self._alias_called_in_training(model, optimizer) or model, site
             caller = self._caller_binding(model)
             if caller is None:
                 break
@@ -350,7 +377,9 @@ class BareModelWrapping(ModelReferences):
         optimizer; else just before the statement that builds it."""
         optimizer_line = self._position(optimizer)[0]
         best = None
-        for statement in self._statements_binding(model):
+        # After `model = net` too: the other names keep the bare module.
+        bindings = [s for name in self._alias_group(model) for s in self._statements_binding(name)]
+        for statement in bindings:
             if self._position(statement)[0] >= optimizer_line:
                 continue
             block = self.parent(statement)

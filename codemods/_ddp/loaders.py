@@ -17,8 +17,8 @@ from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
 )
+from .noise import RankNoise
 from .output import TQDM
-from .queries import ScriptQueries
 
 RUNTIME_SAMPLER = frozenset({f"{RUNTIME}.SeededDistributedSampler"})
 LR_SCHEDULERS_WITH_LR = frozenset(
@@ -30,7 +30,7 @@ COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 SHARDING_ARGUMENTS = frozenset({"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "generator"})
 
 
-class LoaderSharding(ScriptQueries):
+class LoaderSharding(RankNoise):
     """Plans the samplers, set_epoch calls and learning rates."""
 
     def _plan_loaders(self) -> None:
@@ -70,17 +70,20 @@ class LoaderSharding(ScriptQueries):
             return
         self._training_loaders.append(call)
         try:
-            self._plan_training_loader(call)
+            batch = self._plan_training_loader(call)
         except CannotMigrate as problem:
             self.report(problem.node, problem.code, problem.message)
             return
         for loop, expression, path in training:
+            self._plan_local_batch_sizes(loop, batch)
+            self._plan_batch_draws(loop, batch)
             try:
                 self._plan_set_epoch(loop, expression, path)
             except CannotMigrate as problem:
                 self.report(problem.node, problem.code, problem.message)
 
-    def _plan_training_loader(self, call: cst.Call) -> None:
+    def _plan_training_loader(self, call: cst.Call) -> cst.BaseExpression:
+        """Plans the sampler and the split batch; the batch size it is given."""
         if has_star_args(call) and not self._kwargs_leave_sharding_alone(call):
             raise CannotMigrate(
                 call, "AM523",
@@ -136,6 +139,7 @@ class LoaderSharding(ScriptQueries):
             self._edits[call] = lambda updated: self._rewrite_loader(updated, sampler_code, hoisted)
 
         self._step(call, "AM504", message, apply)
+        return batch.value
 
     def _kwargs_leave_sharding_alone(self, call: cst.Call) -> bool:
         """`DataLoader(ds, batch_size=b, shuffle=True, **kwargs)` where every key

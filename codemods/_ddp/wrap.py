@@ -60,16 +60,6 @@ class ModelWrapping(BareModelWrapping):
         left = {var: None for var in trained if var not in covered}
         return models + (self._plan_bare_models(left) if left else [])
 
-    def _moved_var(self, expression: cst.BaseExpression) -> Optional[Var]:
-        """The variable of `net`, `net.to(device)` or `net.cuda().float()`."""
-        while (
-            isinstance(expression, cst.Call)
-            and isinstance(expression.func, cst.Attribute)
-            and expression.func.attr.value in v.SELF_RETURNING_MODULE_METHODS
-        ):
-            expression = expression.func.value
-        return self._var_of(expression)
-
     def _plan_data_parallel_step(self, call: cst.Call, model: Var, several: bool) -> Var:
         local_buffers = several and self._training_calls(model) > 1
         unused = self._layers_used_conditionally(model)

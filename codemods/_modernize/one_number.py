@@ -10,7 +10,7 @@ import libcst as cst
 from .._base import code_of, walk
 from .._item.syntax import REDUCTIONS, SAME_VALUE_METHODS, is_number_literal, method_name, positional_args
 from ..script.scopes import Binding
-from .syntax import Expression, assigned, reads_outside
+from .syntax import Expression, assigned, bound_names, reads_outside
 
 NUMBER_BUILTINS = frozenset({"builtins.len", "builtins.int", "builtins.float"})
 NUMBER_METHODS = frozenset({"item", "numel", "dim"})
@@ -23,6 +23,7 @@ ZERO_D = "0-d"  # a 0-dim tensor
 ONE = "one"  # one number, maybe of shape (1,): `.backward()` without a gradient ran on it
 NUMBER = "number"  # a Python number
 _CYCLE = "cycle"  # the value being worked out itself (`total = total + x`)
+_NONE = "none"  # `loss = None` before the loop: `.data[0]` on it fails whatever it is, so it tells nothing
 _TENSOR_LEVELS = (ZERO_D, ONE)
 
 
@@ -36,8 +37,14 @@ class DataIndexPlans:
             holder = node.value
             if isinstance(holder, cst.Attribute) and holder.attr.value == "data":
                 level = self.values.level(holder.value)
+                if level is None and isinstance(holder.value, cst.Name) and self.values.backpropagated_before(holder.value):
+                    level = ONE
                 if level in _TENSOR_LEVELS:
                     self._one_number_read(node, code_of(holder.value), "item")
+                elif level is None and not self.values.is_batch(holder.value):
+                    self.report(node, "AM220", f"{code_of(node)}: if {code_of(holder.value)} holds one number (a loss, "
+                                "a sum), indexing it raises IndexError on a 0-dim tensor since PyTorch 0.4: write "
+                                f"{code_of(holder.value)}.item(); if it holds a batch or a row, its first item can stay")
             elif isinstance(holder, cst.Name) and self.values.is_data_total(holder) and self.values.level(holder) == ZERO_D:
                 self._one_number_read(node, holder.value, "item")
 
@@ -97,6 +104,9 @@ class OneNumber:
         positional = positional_args(call)
         if self.model.is_call_to(call, {"torch.sum", "torch.mean"}):
             return ZERO_D if len(call.args) == 1 and len(positional) == 1 else None
+        returned = self._returned_level(call)
+        if returned is not None:
+            return returned
         method = method_name(call)
         if method is None or self._is_module_function(call):
             return None
@@ -131,6 +141,8 @@ class OneNumber:
             statement = binding.statement
             return self.level(statement.value) if isinstance(statement.operator, AUGMENTED_ARITHMETIC) else None
         value = assigned(binding)
+        if isinstance(value, cst.Name) and value.value == "None":
+            return _NONE
         return self.level(value) if value is not None else None
 
     def _backpropagated_once(self, name: str, bindings: list[Binding]) -> bool:
@@ -138,15 +150,55 @@ class OneNumber:
         it: it holds one number, or the backward call raises."""
         if len(bindings) != 1 or bindings[0].kind != "assign" or bindings[0].value is None:
             return False
-        scope = bindings[0].scope
-        for call in scope.calls:
-            func = call.func
-            if (
-                isinstance(func, cst.Attribute) and func.attr.value == "backward" and not call.args
-                and isinstance(func.value, cst.Name) and func.value.value == name
-            ):  # fmt: skip
-                return True
+        return any(_is_scalar_backward_of(call, name) for call in bindings[0].scope.calls)
+
+    def backpropagated_before(self, name: cst.Name) -> bool:
+        """`name.backward()` (without a gradient) runs before this read of
+        `name`, in its block or one around it within the loop or function,
+        with no assignment of `name` between: it holds one number, or that
+        backward call raised."""
+        child: cst.CSTNode = name
+        for ancestor in self.model.ancestors(name):
+            if isinstance(ancestor, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.CompFor)):
+                return False  # an earlier iteration or call may have rebound it
+            if isinstance(ancestor, (cst.IndentedBlock, cst.Module)):
+                before = list(ancestor.body)
+                for statement in reversed(before[: before.index(child)]):
+                    if name.value in bound_names([statement]):
+                        return False
+                    if isinstance(statement, cst.SimpleStatementLine) and any(
+                        isinstance(node, cst.Call) and _is_scalar_backward_of(node, name.value) for node in walk(statement)
+                    ):
+                        return True
+            child = ancestor
         return False
+
+    def _returned_level(self, call: cst.Call) -> Optional[str]:
+        """The level of what the file's own function called here returns: one
+        for all its `return` values, when its body ends in a return."""
+        found = self.model.flow.callee(call, self.model.scope_of(call))
+        if found is None or found[0].node.name.value == "__init__":
+            return None
+        function = found[0].node
+        key = ("returns", function)
+        if key in self._in_progress:
+            return _CYCLE
+        if key not in self._levels:
+            self._in_progress.add(key)
+            try:
+                self._levels[key] = self._returns_level(function)
+            finally:
+                self._in_progress.discard(key)
+        return self._levels[key]
+
+    def _returns_level(self, function: cst.FunctionDef) -> Optional[str]:
+        inside = list(walk(function.body, into_definitions=False))
+        returns = [node for node in inside if isinstance(node, cst.Return)]
+        last = function.body.body[-1] if function.body.body else None
+        ends_in_return = isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return)
+        if not ends_in_return or any(r.value is None for r in returns) or any(isinstance(n, cst.Yield) for n in inside):
+            return None
+        return _combine([self.level(r.value) for r in returns])
 
     def is_data_total(self, name: cst.Name) -> bool:
         return any(self._adds_data(b) for b in self.model.bindings_of(name.value, name))
@@ -215,9 +267,19 @@ def _self_addition_value(statement: cst.Assign, name: Optional[str] = None) -> O
     return None
 
 
+def _is_scalar_backward_of(call: cst.Call, name: str) -> bool:
+    """`name.backward()`, maybe with keywords, but without a gradient."""
+    func = call.func
+    return (
+        isinstance(func, cst.Attribute) and func.attr.value == "backward"
+        and isinstance(func.value, cst.Name) and func.value.value == name
+        and all(a.keyword is not None and a.keyword.value != "gradient" for a in call.args)
+    )  # fmt: skip
+
+
 def _combine(levels: Iterable[Optional[str]]) -> Optional[str]:
     """The level of a name from those of the values it is assigned."""
-    levels = [level for level in levels if level != _CYCLE]
+    levels = [level for level in levels if level not in (_CYCLE, _NONE)]
     if not levels or None in levels:
         return None
     tensors = [level for level in levels if level != NUMBER]

@@ -11,10 +11,11 @@ from ..script.scopes import Binding
 from .gradients import Gradients
 from .loss_arguments import Losses
 from .one_number import OneNumber
+from .shapes import Shapes
 from .syntax import Expression
 
 
-class Values(OneNumber, Losses, Gradients):
+class Values(OneNumber, Losses, Gradients, Shapes):
     """What the script model shows about values: whether an expression holds
     one number, whether it can carry a gradient, and which running totals
     add up `.data` values."""

@@ -110,14 +110,6 @@ class VariablePlans:
         inner = positional_args(value)[0].value
         return isinstance(inner, cst.Name) and inner.value == name.value
 
-    def _statement_line(self, node: cst.CSTNode) -> Optional[cst.SimpleStatementLine]:
-        for ancestor in self.model.ancestors(node):
-            if isinstance(ancestor, cst.SimpleStatementLine):
-                return ancestor
-            if isinstance(ancestor, cst.BaseCompoundStatement):
-                return None
-        return None
-
     def _plan_variable_type(self, reference: cst.CSTNode) -> None:
         check = _type_check(self.model, reference)
         tensor = f"{self._torch or 'torch'}.Tensor"
@@ -141,27 +133,6 @@ class VariablePlans:
         for binding in self.model.imports:
             if binding.qualified in v.VARIABLE or binding.qualified == "torch.autograd" and binding.name != "torch":
                 self.remove_import_of(binding.statement)
-
-    # spelling `torch` where code is added ------------------------------------------
-
-    def _torch_spelling(self) -> Optional[str]:
-        """The module-level name that imports torch, else "torch" when nothing
-        binds that name (an import is added), else None."""
-        for binding in self.model.imports:
-            if binding.qualified == "torch" and binding.scope.kind == "module":
-                return binding.name
-        return "torch" if "torch" not in self.model.module_scope.bindings else None
-
-    def _need_torch(self, at: cst.CSTNode) -> None:
-        if self.model.index.names_of(self._torch, self.model.scope_of(at)) != frozenset({"torch"}):
-            self.add_import("torch")
-
-    def torch_reads_torch(self, at: cst.CSTNode) -> bool:
-        """`torch` (as spelled) at `at` reads the module, or nothing yet."""
-        if self._torch is None:
-            return False
-        names = self.model.index.names_of(self._torch, self.model.scope_of(at))
-        return names in (frozenset({"torch"}), frozenset())
 
 
 def _type_check(model: ScriptModel, reference: cst.CSTNode):

@@ -183,10 +183,11 @@ class AmpFacts:
         `.cuda()`, `device=`, `torch.cuda.*`, a "cuda" string, a device
         parameter or flag). A file that does none of this computes on the CPU."""
         if self._names_a_device is None:
-            self._names_a_device = bool(self.model.devices) or any(self._places(n) for n in walk(self.model.module))
+            self._names_a_device = bool(self.model.devices) or any(self.places(n) for n in walk(self.model.module))
         return self._names_a_device
 
-    def _places(self, node: cst.CSTNode) -> bool:
+    def places(self, node: cst.CSTNode) -> bool:
+        """`node` places something on a device, names a device, or asks for one."""
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _PLACING_METHODS:
             return not (node.func.attr.value == "to" and self._only_casts(node))
         if isinstance(node, cst.Arg):

@@ -1,0 +1,92 @@
+"""The loader's batch size where the loop that trains shapes tensors with it
+(`images.reshape(batch_size, -1)`, `torch.ones(batch_size, 1)`): once ddp
+splits the batch across the processes, each step holds this process's share,
+so those uses read `per_process_batch_size(batch_size)`. Other uses keep the
+global batch (steps per epoch, a print cadence, a learning-rate rule).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from .._base import dotted_name, walk
+from .common import call_of
+from .queries import ScriptQueries
+
+# Tensor methods whose arguments are sizes.
+SHAPE_METHODS = frozenset(
+    {"view", "reshape", "expand", "repeat", "unflatten", "new_zeros", "new_ones", "new_empty", "new_full", "resize_"}
+)
+PER_PROCESS = frozenset({"accelmigrate.runtime.distributed.per_process_batch_size"})
+
+
+class LocalBatchSize(ScriptQueries):
+    """Plans `per_process_batch_size(...)` at the loop's shape arguments."""
+
+    def _splits_batch(self, loop: cst.CSTNode, batch: cst.BaseExpression) -> bool:
+        # ddp=per-process keeps each process's batch: the loop's sizes stay right.
+        return not self.per_process and isinstance(loop, cst.For) and bool(dotted_name(batch))
+
+    def _plan_local_batch_sizes(self, loop: cst.CSTNode, batch: cst.BaseExpression) -> None:
+        if not self._splits_batch(loop, batch):
+            return
+        for node in walk(loop.body):
+            if self._reads_loader_batch(node, batch, loop) and self._is_shape_argument(node) and self.innermost_loop(node) is not None:
+                self._plan_local_batch(node, batch)
+
+    def _reads_loader_batch(self, node: cst.CSTNode, batch: cst.BaseExpression, loop: cst.For) -> bool:
+        """`node`, in `loop`, reads the variable (`batch_size`, `args.batch_size`) the loader was given."""
+        if not isinstance(node, (cst.Name, cst.Attribute)) or not dotted_name(batch) or dotted_name(node) != dotted_name(batch):
+            return False
+        if isinstance(node, cst.Name) and not self._uses.is_read(node):
+            return False
+        return self._root_var(node) == self._root_var(batch) and not self._rebound_in(batch, loop)
+
+    def _rebound_in(self, batch: cst.BaseExpression, loop: cst.For) -> bool:
+        """The loop binds the name itself (`for batch_size in ...`, `batch_size = ...`)."""
+        name = dotted_name(batch)
+        return any(
+            isinstance(target, (cst.Name, cst.Attribute)) and dotted_name(target) == name
+            for assign in walk(loop)
+            if isinstance(assign, (cst.Assign, cst.AugAssign, cst.For))
+            for target in _targets_of(assign)
+        )
+
+    def _is_shape_argument(self, node: cst.CSTNode) -> bool:
+        """A size given to a torch function, a shape method or `range`, alone
+        or in a tuple (`torch.zeros((batch_size, 1))`)."""
+        argument = self.parent(node)
+        if isinstance(argument, cst.Element):
+            sequence = self.parent(argument)
+            argument = self.parent(sequence) if isinstance(sequence, (cst.Tuple, cst.List)) else None
+        if not isinstance(argument, cst.Arg) or self._is_member_name(node):
+            return False
+        call = self.parent(argument)
+        if not isinstance(call, cst.Call) or self.is_call_to(call, PER_PROCESS):
+            return False
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in SHAPE_METHODS:
+            return True
+        return self.is_call_to(call, {"builtins.range"}) or any(n.startswith("torch.") for n in self.qualified_names(call.func))
+
+    def _plan_local_batch(self, node: cst.CSTNode, batch: cst.BaseExpression) -> None:
+        code = self._code(batch)
+
+        def apply() -> None:
+            self._use("per_process_batch_size")
+            self._edits[node] = lambda updated: call_of("per_process_batch_size", updated)
+
+        self._step(
+            node, "AM533",
+            f"`per_process_batch_size({code})`: this step holds this process's share of the batch of `{code}` "
+            f"that the DataLoader now splits across the processes",
+            apply,
+        )
+
+
+def _targets_of(statement: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(statement, cst.For):
+        return list(walk(statement.target))
+    if isinstance(statement, cst.AugAssign):
+        return [statement.target]
+    return [n for t in statement.targets for n in walk(t.target)]
+

@@ -1,0 +1,119 @@
+"""ddp migrations that trained wrong with no finding, each launched on two
+gloo processes and compared with the one-process original:
+
+- fixtures/ddp/wrap_alias_forward.py: the network built as `net`, the
+  optimizer over `model = net`, the loop calling `net(xb)`: the wrap must be
+  under `net`, or the ranks train apart;
+- fixtures/ddp/gan_batch_noise.py: a GAN whose noise is sized by the batch:
+  each rank draws its own rows of the original's noise (not the same noise as
+  the other rank), and the ranks end with the original's weights;
+- fixtures/ddp/gan_global_batch_size.py: the loop shapes its tensors (and
+  its noise) with the loader's global `batch_size`: they must read this
+  process's share.
+
+The fixture inputs are the runnable originals; the launches all start at once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FIXTURES, run_cli
+from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
+
+CASES = FIXTURES / "ddp"
+CASES_RUN = ("wrap_alias_forward", "gan_batch_noise", "gan_global_batch_size")
+# Runs a script as RANK_WEIGHTS does, and also keeps the first input of the
+# first module of class `Generator`: the noise of the first step, per rank.
+NOISE_WATCHER = textwrap.dedent(
+    """\
+    import os, runpy, sys
+    import torch
+
+    out = sys.argv[1]
+    seen = []
+
+    def keep_first_noise(module, inputs):
+        if type(module).__name__ == "Generator" and not seen:
+            seen.append(inputs[0].detach().clone())
+
+    torch.nn.modules.module.register_module_forward_pre_hook(keep_first_noise)
+    sys.argv = [{weights!r}, *sys.argv[2:]]  # OUT_DIR train.py, for the weights watcher
+    runpy.run_path({weights!r}, run_name="__main__")
+    if seen:
+        torch.save(seen[0], os.path.join(out, "noise-rank" + os.environ.get("RANK", "0") + ".pt"))
+    """
+)
+
+
+def _migrate(work: Path, case: str) -> Path:
+    migrated = work / f"{case}.py"
+    shutil.copy(CASES / f"{case}.py", migrated)
+    applied = run_cli("apply", str(migrated), "--to", "ddp", cwd=work)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    return migrated
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    work = tmp_path_factory.mktemp("ddp-trust")
+    watcher = work / "noise_watcher.py"
+    watcher.write_text(NOISE_WATCHER.format(weights=str(RANK_WEIGHTS)))
+    python, env = sys.executable, _cpu_env()
+    two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2", "--force"]
+    plans = {}
+    for case in CASES_RUN:
+        migrated = _migrate(work, case)
+        plans[f"{case}-original"] = [python, str(watcher), "{folder}", "{folder}", str(CASES / f"{case}.py")]
+        plans[f"{case}-ddp"] = [*two, str(watcher), "--", "{folder}", "{folder}", str(migrated)]
+    folders, started = {}, {}
+    for name, command in plans.items():
+        folders[name] = work / name
+        folders[name].mkdir()
+        command = [part.format(folder=folders[name]) for part in command]
+        started[name] = Launch(work, name, command, env, folders[name])
+    return {name: launch.wait() for name, launch in started.items()}, folders
+
+
+def _one_process_weights(launches, folders, case: str) -> list[torch.Tensor]:
+    original = launches[f"{case}-original"]
+    assert original.returncode == 0, original.describe()
+    (weights,) = _rank_weights(folders[f"{case}-original"])
+    return weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES_RUN)
+def test_two_ranks_end_with_the_one_process_weights(launches, case):
+    """Wrapped under the name training calls (else each rank trains its own
+    copy), with each rank's share of the noise (else the fakes repeat), and
+    tensors shaped with the per-process batch (else a shape error)."""
+    runs, folders = launches
+    weights = _assert_ranks_agree(runs[f"{case}-ddp"], folders[f"{case}-ddp"])
+    assert _largest_parameter_difference(_one_process_weights(runs, folders, case), weights) <= ONE_PROCESS_TOLERANCE
+
+
+@pytest.mark.slow
+def test_gan_ranks_draw_their_own_rows_of_the_original_noise(launches):
+    runs, folders = launches
+    assert runs["gan_batch_noise-ddp"].returncode == 0, runs["gan_batch_noise-ddp"].describe()
+    original = torch.load(folders["gan_batch_noise-original"] / "noise-rank0.pt")
+    ranks = [torch.load(folders["gan_batch_noise-ddp"] / f"noise-rank{rank}.pt") for rank in range(2)]
+    assert original.shape[0] == 16 and [r.shape[0] for r in ranks] == [8, 8]
+    assert not torch.equal(ranks[0], ranks[1]), "both ranks drew the same noise"
+    # Rank r's samples are the original batch's r, r + 2, ...: so are its noise rows.
+    assert torch.equal(ranks[0], original[0::2]) and torch.equal(ranks[1], original[1::2])
+
+
+def test_alias_is_wrapped_where_the_forward_is_called():
+    from accelmigrate.engine import migrate_source
+
+    code = migrate_source((CASES / "wrap_alias_forward.py").read_text(), [("ddp", {})], "wrap_alias_forward.py").code
+    assert "model = net\n    if is_distributed():\n        net = DistributedDataParallel(net," in code
+    assert "torch.save(model.state_dict()" in code  # the bare module: keys without `module.`
