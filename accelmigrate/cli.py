@@ -78,17 +78,16 @@ def _files(paths: Sequence[str], exclude: Sequence[str], config: Config, reporte
     held no Python file (each an error, like a missing path: the other paths
     and folders are still processed)."""
     files: list[str] = []
-    errors = 0
+    problems: list[tuple[str, str]] = []  # (folder, message)
     for path in paths:
-        problems: list[tuple[str, str]] = []
+        before = len(problems)
         found = [str(p) for p in iter_python_files([path], [*config.exclude, *exclude], on_error=lambda *e: problems.append(e))]
-        if not found and not problems and os.path.isdir(path):
+        if not found and len(problems) == before and os.path.isdir(path):
             problems.append((path, f"no Python files found in {path}"))
-        for folder, message in problems:
-            reporter.error(message, path=folder)
-        errors += len(problems)
         files += found
-    return files, errors
+    for folder, message in problems:
+        reporter.error(message, path=folder)
+    return files, len(problems)
 
 
 def _cache_folder(config: Config, no_cache: bool) -> Optional[Path]:

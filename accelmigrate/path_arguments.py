@@ -58,7 +58,7 @@ def options_then_paths(args: list[str], options: Mapping[str, click.Option], ctx
                 if value is None:
                     raise click.BadOptionUsage(token, f"Option '{token}' requires an argument.", ctx)
                 kept.append(value)
-        elif _is_option_with_value(token, options):
+        elif _is_joined_option(token, options):
             kept.append(token)
         elif os.path.lexists(token):
             paths.append(token)
@@ -72,7 +72,7 @@ def _takes_value(option: click.Option) -> bool:
     return not option.is_flag and not option.count
 
 
-def _is_option_with_value(token: str, options: Mapping[str, click.Option]) -> bool:
+def _is_joined_option(token: str, options: Mapping[str, click.Option]) -> bool:
     """`--to=ddp`, `-j4`, or short flags written together (`-hj4`); a flag
     given a value (`--diff=1`) too, for click to refuse."""
     if token.startswith("--"):

@@ -23,8 +23,9 @@ What "the same" means depends on the words:
   original with N times larger batches: the same big-batch steps;
 - ddp: the migrated script on N processes (`--nproc-per-node`, torchrun over
   gloo or NCCL; each rank loads its share of the original batch) against the
-  original: the mean of the ranks' losses, and every rank ending each step
-  with the same weights.
+  original: the mean of the ranks' losses (their sum where the migration
+  adds the ranks' gradients up, for a loss summed over the batch), and every
+  rank ending each step with the same weights.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def _environment(steps: int, batch_scale: int = 1, map_cuda: bool = False) -> di
 
 # --- comparing ----------------------------------------------------------------------
 
+SUMMING_HOOK = frozenset({"accelmigrate.runtime.gradients.sum_gradients_across_ranks"})
+
 
 def _ranks_add_up(migrated: SourceText) -> bool:
     """The migration makes DDP add the ranks' gradients up (its loss sums over
@@ -140,9 +143,6 @@ def _ranks_add_up(migrated: SourceText) -> bool:
 
     script = ScriptModel.of(libcst.parse_module(migrated.text))
     return any(script.is_call_to(call, SUMMING_HOOK) for call in script.index.nodes_of(libcst.Call))
-
-
-SUMMING_HOOK = frozenset({"accelmigrate.runtime.gradients.sum_gradients_across_ranks"})
 
 
 def _close(a: Optional[float], b: Optional[float], rtol: float) -> bool:

@@ -14,7 +14,12 @@ What it does
       clipped or read;
     - binds `amp_dtype = autocast_dtype(device)` after the device binding and
       `scaler = grad_scaler(device, amp_dtype)` after the optimizer (in a
-      class: `self.amp_dtype`, `self.scaler`). The runtime picks bfloat16 on
+      class: `self.amp_dtype`, `self.scaler`), where it runs on every path to
+      the code that reads it: after the `if args.use_optimizer:` that builds
+      the optimizer when the step reads the scaler outside it, and before
+      the first call of a training function that reads it (a notebook that
+      trains one model and then another gets it after the first optimizer,
+      and both share it). The runtime picks bfloat16 on
       GPUs that compute it, else float16, and float32 (autocast off) on a
       CPU; `ACCELMIGRATE_PRECISION=bf16|fp16|fp32` overrides it (fp32 turns
       autocast off through `enabled=`). The scaler is enabled only for
@@ -39,6 +44,13 @@ What it does
       choice), every one becomes its `torch.amp` form on the device it named,
       in the precision as written, and the finding says so.
 
+    The names it adds mean what it means in every scope that reads them:
+    the runtime's functions are imported as `accelmigrate_<name>` where the
+    script binds the name anywhere (`grad_scaler = torch.cuda.amp.GradScaler()`
+    in a function becomes `grad_scaler = accelmigrate_grad_scaler(...)`), and
+    `amp_dtype` and `scaler` give way to `autocast_dtype_` and `amp_scaler`
+    where the scope that would bind them, or one nested in it, binds them.
+
     The autocast device comes from the device binding the `device` codemod
     leaves (`device = get_device()`), any `device = torch.device(...)` or
     `torch.accelerator.current_accelerator()`, the device of a model's
@@ -56,6 +68,21 @@ What it does
     flag) computes on the CPU: it gets `torch.autocast(device_type="cpu", ...)`
     and `amp_dtype = autocast_dtype("cpu")` after its imports, float32 (the
     original's numbers) unless ACCELMIGRATE_PRECISION=bf16.
+
+    Autocast follows the device the computation is on, not the one a script
+    names. A script that binds a device and moves nothing to it (PyTorch's
+    CIFAR-10 tutorial: `device = torch.device("cuda:0" if ... else "cpu")`
+    printed, `net = Net()` and its batches left on the CPU) computes on the
+    CPU on every machine: autocast for CUDA there would wrap CPU work and
+    change nothing, and a float16 scaler would scale gradients for a device
+    that computes none. When every trained model is built in the file,
+    nothing in the file places, names or asks for a device except that
+    binding, and each read of it only prints, formats or compares it, the
+    steps are keyed to the CPU as in a script that names no device (float32
+    by default, the original's numbers), and AM401 says how to move the
+    model and batches to the device instead. A model received from code out
+    of view (a parameter no call in the file sets) may be anywhere, so the
+    device binding is kept then.
 
     Values computed under an autocast it adds that reach numpy (`.numpy()`,
     and numpy, scikit-learn, matplotlib, scipy or pandas calls given such a
@@ -133,8 +160,16 @@ Left alone (with a finding that says what to do by hand)
     - an optimizer the codemod cannot trace to its constructor (a factory, a
       parameter of a function with no caller in the file, or with defaults or
       starred parameters, where a new `scaler` parameter cannot go), or any
-      `.step()` in the step whose receiver might be one: a step that bypassed
-      the scaler would apply scaled gradients (AM414);
+      `.step()` in the step whose receiver the script treats as an optimizer
+      (built from a model or its parameters, zeroed with `.zero_grad()`, its
+      `param_groups` read, handed to a scheduler, or an instance of a class of
+      the file with an unknown base whose `step` takes no argument): a step
+      that bypassed the scaler would apply scaled gradients (AM414). Other
+      untraced receivers of `.step()` are no optimizers and are left alone: a
+      gym environment's `envs.step(actions)`, a scheduler from a factory;
+    - gradients read on a path where no optimizer steps (`if
+      args.use_optimizer: optimizer.step()` and a hand-written update under
+      `else:`): with float16 they would carry the loss scale (AM415);
     - no device binding in reach (AM413: a device string, a `device`
       parameter that no call in the file sets), the device bound inside the loop,
       several optimizers stepped only in separate branches (AM415);

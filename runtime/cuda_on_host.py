@@ -5,7 +5,9 @@ Installed from outside, as the recorder's probes are: a torch function mode
 sees every torch call the script makes (`torch.device("cuda")`, factories
 given `device="cuda"`, `Tensor.cuda()`, `Tensor.to("cuda:0")`, and
 `Module.cuda()` and `Module.to()`, which move each parameter through those)
-and puts the CUDA device it names onto the machine's device. `torch.cuda.set_device` and
+and puts the CUDA device it names onto the machine's device; `Tensor.type("torch.cuda.FloatTensor")` becomes
+the host type, and `torch.load` loads onto the machine's device (a
+checkpoint saved on a GPU). `torch.cuda.set_device` and
 `torch.cuda.synchronize` do nothing. `torch.cuda.is_available()` still says
 False: a script that asks takes its own branch for a machine without CUDA,
 as its migrated copy does on the same machine.
@@ -23,6 +25,13 @@ def _is_cuda(value: Any) -> bool:
     if isinstance(value, torch.device):
         return value.type == "cuda"
     return isinstance(value, str) and (value == "cuda" or value.startswith("cuda:"))
+
+
+def _is_cuda_type(value: Any) -> bool:
+    """`"torch.cuda.FloatTensor"`, or the legacy class itself."""
+    if isinstance(value, str):
+        return value.startswith("torch.cuda.")
+    return isinstance(value, type) and getattr(value, "__module__", "") == "torch.cuda"
 
 
 class CudaOnHost(TorchFunctionMode):
@@ -45,9 +54,10 @@ class CudaOnHost(TorchFunctionMode):
             return self.target  # `torch.device("cuda", 0)`
         if func is torch.Tensor.pin_memory:
             return args[0]  # pinning needs an accelerator; a host tensor is what it leaves
-        if func is torch.Tensor.type and len(args) > 1 and isinstance(args[1], str) and args[1].startswith("torch.cuda."):
+        if func is torch.Tensor.type and len(args) > 1 and _is_cuda_type(args[1]):
             self.mapped += 1
-            args = (args[0], args[1].replace("torch.cuda.", "torch.", 1), *args[2:])
+            name = args[1] if isinstance(args[1], str) else f"torch.cuda.{args[1].__name__}"
+            args = (args[0], name.replace("torch.cuda.", "torch.", 1), *args[2:])
         elif func is torch.Tensor.to and len(args) > 1 and type(args[1]) is int:
             args = (args[0], "cuda", *args[2:])  # `.to(0)`: GPU 0
         if any(_is_cuda(a) for a in args) or any(_is_cuda(v) for v in kwargs.values()):
@@ -63,4 +73,13 @@ def install(target: torch.device) -> CudaOnHost:
     mode.__enter__()
     torch.cuda.set_device = lambda device: None
     torch.cuda.synchronize = lambda device=None: None
+    load = torch.load
+
+    def load_here(f, map_location=None, *args, **kwargs):
+        # A checkpoint saved on a GPU, or loaded onto one: onto `target` instead.
+        if map_location is None or _is_cuda(map_location):
+            map_location = target
+        return load(f, map_location, *args, **kwargs)
+
+    torch.load = load_here
     return mode

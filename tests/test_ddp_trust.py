@@ -9,7 +9,13 @@ gloo processes and compared with the one-process original:
   the other rank), and the ranks end with the original's weights;
 - fixtures/ddp/gan_global_batch_size.py: the loop shapes its tensors (and
   its noise) with the loader's global `batch_size`: they must read this
-  process's share.
+  process's share;
+- fixtures/ddp/wrap_sibling_function.py: the wrapped model given to a
+  function of a sibling module that reads `net.n_classes`: it gets the bare
+  module, and the run prints the original's accuracy;
+- fixtures/ddp/gan_info_heads.py: a discriminator with two heads, one left
+  unused by its own loss: `find_unused_parameters=True`, or DDP fails the
+  second step.
 
 The fixture inputs are the runnable originals; the launches all start at once.
 """
@@ -28,7 +34,28 @@ from conftest import FIXTURES, run_cli
 from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
 
 CASES = FIXTURES / "ddp"
-CASES_RUN = ("wrap_alias_forward", "gan_batch_noise", "gan_global_batch_size")
+CASES_RUN = ("wrap_alias_forward", "gan_batch_noise", "gan_global_batch_size", "wrap_sibling_function", "gan_info_heads")
+# The sibling module wrap_sibling_function.py imports: it reads the model's own attribute.
+EVALUATION = textwrap.dedent(
+    """\
+    import torch
+    import torch.nn.functional as F
+
+
+    def loss_of(net, x, y):
+        return F.cross_entropy(net(x), y)
+
+
+    def log_step(net, optimizer):
+        assert optimizer.param_groups[0]["lr"] > 0
+
+
+    @torch.no_grad()
+    def evaluate(net, data):
+        x, y = data.tensors
+        return (net(x).argmax(1) == y).float().mean().item() * net.n_classes / net.n_classes
+    """
+)
 # Runs a script as RANK_WEIGHTS does, and also keeps the first input of the
 # first module of class `Generator`: the noise of the first step, per rank.
 NOISE_WATCHER = textwrap.dedent(
@@ -55,6 +82,7 @@ NOISE_WATCHER = textwrap.dedent(
 def _migrate(work: Path, case: str) -> Path:
     migrated = work / f"{case}.py"
     shutil.copy(CASES / f"{case}.py", migrated)
+    shutil.copy(CASES / f"{case}.py", work / f"{case}.original.py")
     applied = run_cli("apply", str(migrated), "--to", "ddp", cwd=work)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     return migrated
@@ -65,12 +93,13 @@ def launches(tmp_path_factory):
     work = tmp_path_factory.mktemp("ddp-trust")
     watcher = work / "noise_watcher.py"
     watcher.write_text(NOISE_WATCHER.format(weights=str(RANK_WEIGHTS)))
+    (work / "evaluation.py").write_text(EVALUATION)
     python, env = sys.executable, _cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2", "--force"]
     plans = {}
     for case in CASES_RUN:
         migrated = _migrate(work, case)
-        plans[f"{case}-original"] = [python, str(watcher), "{folder}", "{folder}", str(CASES / f"{case}.py")]
+        plans[f"{case}-original"] = [python, str(watcher), "{folder}", "{folder}", str(work / f"{case}.original.py")]
         plans[f"{case}-ddp"] = [*two, str(watcher), "--", "{folder}", "{folder}", str(migrated)]
     folders, started = {}, {}
     for name, command in plans.items():
@@ -92,8 +121,10 @@ def _one_process_weights(launches, folders, case: str) -> list[torch.Tensor]:
 @pytest.mark.parametrize("case", CASES_RUN)
 def test_two_ranks_end_with_the_one_process_weights(launches, case):
     """Wrapped under the name training calls (else each rank trains its own
-    copy), with each rank's share of the noise (else the fakes repeat), and
-    tensors shaped with the per-process batch (else a shape error)."""
+    copy), with each rank's share of the noise (else the fakes repeat),
+    tensors shaped with the per-process batch (else a shape error), the bare
+    model for another module's function (else an AttributeError), unused
+    parameters allowed where a head goes unused (else DDP's reduction error)."""
     runs, folders = launches
     weights = _assert_ranks_agree(runs[f"{case}-ddp"], folders[f"{case}-ddp"])
     assert _largest_parameter_difference(_one_process_weights(runs, folders, case), weights) <= ONE_PROCESS_TOLERANCE
@@ -109,6 +140,15 @@ def test_gan_ranks_draw_their_own_rows_of_the_original_noise(launches):
     assert not torch.equal(ranks[0], ranks[1]), "both ranks drew the same noise"
     # Rank r's samples are the original batch's r, r + 2, ...: so are its noise rows.
     assert torch.equal(ranks[0], original[0::2]) and torch.equal(ranks[1], original[1::2])
+
+
+@pytest.mark.slow
+def test_sibling_function_reads_the_bare_model_and_prints_the_original_accuracy(launches):
+    runs, _ = launches
+    original, migrated = runs["wrap_sibling_function-original"], runs["wrap_sibling_function-ddp"]
+    assert migrated.returncode == 0 and "AttributeError" not in migrated.stderr, migrated.describe()
+    epochs = [line for line in migrated.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 3 and epochs == [line for line in original.stdout.splitlines() if line.startswith("epoch ")]
 
 
 def test_alias_is_wrapped_where_the_forward_is_called():

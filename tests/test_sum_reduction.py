@@ -340,3 +340,36 @@ def test_two_ranks_of_a_summed_loss_end_with_the_one_process_weights(tmp_path, o
 
     one_process = trained_weights(migrated, tmp_path / "one", 32)  # plain python: a world of one, the model bare
     assert largest_difference(original_weights, one_process) <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("words, batch_size", [("accumulate=2", "16"), ("ddp", "32")])
+def test_verify_says_same_for_a_summed_loss(tmp_path, words, batch_size):
+    """verify adds the micro-batches' losses up, and under ddp the ranks'
+    losses too where the migration adds their gradients up (each rank's loss
+    sums over its share: their mean is half the original's)."""
+    script = write_migration(tmp_path, "train.py", [])
+    (tmp_path / "out").mkdir()
+    done = run_cli(
+        "verify", str(script), "--to", words, "--steps", "6", "--", "--out-dir", "out", "--batch-size", batch_size,
+        cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "same: 6 steps agree" in done.stdout
+
+
+def test_the_summing_hook_leaves_a_bare_model_alone():
+    """A world of one runs the bare model: nothing to register."""
+    from accelmigrate.runtime.gradients import sum_gradients_across_ranks
+
+    model = torch.nn.Linear(2, 2)
+    sum_gradients_across_ranks(model)
+    model(torch.ones(1, 2)).sum().backward()
+    assert torch.equal(model.weight.grad, torch.ones(2, 2))
+
+
+def test_ddp_and_accumulate_together_add_a_summed_loss_up_across_micro_batches_and_ranks():
+    code = migrate_source(SUM_TRAIN, [("ddp", {}), ("accumulate", {"value": "2"})], "train.py").code
+    assert "        sum_gradients_across_ranks(model)  # its loss sums over the batch\n" in code
+    assert "with no_sync_unless(end_of_group, model):" in code
+    assert "            loss.backward()\n" in code and "group_size).backward()" not in code

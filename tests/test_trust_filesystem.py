@@ -123,7 +123,7 @@ def _no_traceback(done: subprocess.CompletedProcess) -> None:
 
 
 def test_check_names_each_folder_it_cannot_list_and_checks_the_rest(locked_tree):
-    run, project = locked_tree
+    run, _ = locked_tree
     done = run("check", "--no-cache", "--to", "empty-cache", ".")
     _no_traceback(done)
     assert done.returncode == 2, done.stdout + done.stderr
@@ -144,7 +144,7 @@ def test_apply_migrates_the_rest_beside_folders_it_cannot_list(locked_tree):
 
 
 def test_paths_named_in_or_as_unreadable_folders_are_each_one_error(locked_tree):
-    run, project = locked_tree
+    run, _ = locked_tree
     done = run("check", "--no-cache", "--to", "empty-cache", "locked", "locked/train.py", "ok")
     _no_traceback(done)
     assert done.returncode == 2, done.stdout + done.stderr

@@ -5,6 +5,8 @@
 - passed.py: devices and optimizers that a function receives as arguments;
 - regions.py: the autocast region of a step, where unscale_ and update go;
 - bindings.py: where `amp_dtype` and `scaler` are bound, and how they are spelled;
+- introduced.py: the names it adds, chosen to mean what it means wherever they are read;
+- placement.py: whether a step computes on the device in reach, or on the CPU;
 - evaluation.py, checkpoints.py, apex.py, deprecated.py: the other rewrites;
 - edits.py: planned edits applied as the transformer leaves the tree.
 """

@@ -363,8 +363,9 @@ class Resolution:
         if any(self.script.kind_of(argument.value) == "model" for argument in value.args):
             return True
         if isinstance(value.func, cst.Name):
-            definitions = self.script.index.bindings_of(value.func.value, self.script.index.scope_of(value))
-            return any(d.kind == "class" and self.may_train(d.node) for d in definitions)
+            scope = self.script.index.scope_of(value)
+            definitions = [d for d in self.script.index.bindings_of(value.func.value, scope) if d.kind == "class"]
+            return any(self.may_train(d.node) or not (self.is_plain_class_name(value.func.value, scope, set()) or _steps_with_argument(d.node)) for d in definitions)
         return False
 
     # -- torch's name here ------------------------------------------------------------------
@@ -392,3 +393,13 @@ class Resolution:
     @staticmethod
     def dotted(node: cst.CSTNode) -> Optional[str]:
         return dotted_name(node) or None
+
+
+def _steps_with_argument(klass: cst.ClassDef) -> bool:
+    """The class's own `step` needs an argument (`env.step(action)`): an
+    optimizer's takes none but an optional closure."""
+    for statement in klass.body.body if isinstance(klass.body, cst.IndentedBlock) else ():
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "step":
+            required = [p for p in statement.params.params if p.default is None]
+            return len(required) > 1 or any(p.default is None for p in statement.params.kwonly_params)
+    return False

@@ -32,7 +32,7 @@ class Placement:
         if ref.kind not in ("name", "attr"):
             return ref
         if ref.key not in self.unused_devices:
-            self.unused_devices[ref.key] = self.only_shown(ref) and not self.places_elsewhere(ref)
+            self.unused_devices[ref.key] = self.models_built_here() and self.only_shown(ref) and not self.places_elsewhere(ref)
         return self.cpu_ref() if self.unused_devices[ref.key] else ref
 
     def cpu_ref(self) -> Ref:
@@ -42,6 +42,15 @@ class Placement:
     def left_unused(self) -> bool:
         """A device binding of the script was found unused: its steps run on the CPU."""
         return any(self.unused_devices.values())
+
+    def models_built_here(self) -> bool:
+        """Every training step's models are built by the file (`net = Net()`),
+        not received from code out of view, which may have moved them."""
+        steps = self.script.training_steps
+        return bool(steps) and all(
+            step.models and all(m.origin.binding.kind == "assign" and isinstance(m.origin.value, cst.Call) for m in step.models)
+            for step in steps
+        )
 
     def only_shown(self, ref: Ref) -> bool:
         """Every read of the device prints it, formats it or compares it."""

@@ -20,6 +20,7 @@ from .aliases import ModelAliases
 from .common import CannotMigrate, Insertion, Var, first_positional
 from .queries import method_of
 from .references import MODULE_API, UNWRAP_API, ModelReferences
+from .unused import OUTPUTS_NOTE, UnusedParameters
 
 MOVES = frozenset({"to", "cuda"})
 LOCAL_BUFFERS_NOTE = (
@@ -48,12 +49,17 @@ PARAMETER_FREE_LAYERS = frozenset(
 
 
 
-class BareModelWrapping(ModelAliases, ModelReferences):
+class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
     """Plans the wrap of the models the optimizers train, and builds a wrap."""
 
     def _wrap_notes(self, local_buffers: bool, unused: list[str]) -> str:
-        notes = UNUSED_NOTE.format(layers=", ".join(f"`{name}`" for name in unused)) if unused else ""
-        return notes + (LOCAL_BUFFERS_NOTE if local_buffers else "")
+        return "".join(unused) + (LOCAL_BUFFERS_NOTE if local_buffers else "")
+
+    def _unused_parameter_notes(self, model: Var) -> list[str]:
+        """Why the model needs `find_unused_parameters=True` (empty: it does not)."""
+        layers = self._layers_used_conditionally(model)
+        notes = [UNUSED_NOTE.format(layers=", ".join(f"`{name}`" for name in layers))] if layers else []
+        return notes + ([OUTPUTS_NOTE] if self._outputs_left_unused(model) else [])
 
     def _plan_wrap_step(
         self, model: Var, anchor: cst.CSTNode, node: cst.CSTNode, code: str, message: str, apply: Callable[[], None],
@@ -171,7 +177,7 @@ class BareModelWrapping(ModelAliases, ModelReferences):
         # real and fake batches) would have its BatchNorm buffers overwritten by
         # rank 0's in each forward, in place, while autograd still needs them.
         local_buffers = several and self._training_calls(model) > 1
-        unused = self._layers_used_conditionally(model)
+        unused = self._unused_parameter_notes(model)
         wrap = self._ddp_wrap(model, local_buffers=local_buffers, unused=bool(unused))
         message = f"`{model.code}` wrapped in `DistributedDataParallel` once it is on its device (only when launched on several processes)"
         if after_apex:

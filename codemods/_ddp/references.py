@@ -11,8 +11,8 @@ import libcst as cst
 
 from ..script import vocabulary as v
 from .common import RUNTIME, Var, call_of
+from .foreign_calls import ForeignCalls
 from .output import SUMMARY_WRITERS
-from .queries import ScriptQueries
 
 # Attributes of a model that mean the same on DistributedDataParallel.
 MODULE_API = frozenset(
@@ -37,7 +37,7 @@ INSPECTING_CALLS = frozenset(
 )
 
 
-class ModelReferences(ScriptQueries):
+class ModelReferences(ForeignCalls):
     """Plans the reads of a wrapped model that go to the model itself."""
 
     def _plan_model_references(self, model: Var, had_data_parallel: bool) -> None:
@@ -71,9 +71,17 @@ class ModelReferences(ScriptQueries):
                     )
             elif isinstance(parent, cst.Subscript) and parent.value is reference:
                 self._plan_unwrap(reference, reference, f"`{name}[...]` -> `unwrap_model({name})[...]`: DDP has no layers to index")
-            elif isinstance(parent, cst.Arg) and parent.keyword is None:
+            elif isinstance(parent, cst.Arg) and parent.value is reference and not parent.star:
                 call = self.parent(parent)
-                if not (isinstance(call, cst.Call) and call.args[0] is parent):
+                if isinstance(call, cst.Call) and self._takes_bare_model(call, parent):
+                    self._plan_unwrap(
+                        reference, reference,
+                        f"`{self._code(call.func)}(unwrap_model({name}), ...)`: a function of another module gets the "
+                        f"model itself, whose own attributes the DDP wrapper lacks (it does not train through it here: "
+                        f"no optimizer given, its result feeds no backward; if it trains, pass `{name}` itself)",
+                    )
+                    continue
+                if not (isinstance(call, cst.Call) and call.args[0] is parent and parent.keyword is None):
                     continue
                 if self.is_call_to(call, v.TORCH_SAVE):
                     self._plan_unwrap(reference, reference, f"`torch.save(unwrap_model({name}), ...)`: the model itself, not its DDP wrapper")

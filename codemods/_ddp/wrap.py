@@ -62,7 +62,7 @@ class ModelWrapping(BareModelWrapping):
 
     def _plan_data_parallel_step(self, call: cst.Call, model: Var, several: bool) -> Var:
         local_buffers = several and self._training_calls(model) > 1
-        unused = self._layers_used_conditionally(model)
+        unused = self._unused_parameter_notes(model)
         model, anchor, apply = self._plan_data_parallel(call, local_buffers, bool(unused))
         message = f"`DataParallel` -> `DistributedDataParallel` for `{model.code}` once it is on its device (only when launched on several processes)"
         dropped = [keyword_of(a) or "a positional argument" for a in call.args[1:]]

@@ -43,8 +43,9 @@ from .scopes import Binding
 MEAN, SUM, UNCLEAR = "mean", "sum", "unclear"
 # What the reading meets besides MEAN, SUM and UNCLEAR (internal): a tensor
 # with a value per sample, a number that does not depend on the batch, the
-# batch's size, and a criterion object that reduces as it says.
-PER_SAMPLE, CONSTANT, BATCH = "per-sample", "constant", "batch size"
+# batch's size, a DataLoader's data set (whose length is a constant), and a
+# criterion object that reduces as it says.
+PER_SAMPLE, CONSTANT, BATCH, DATASET = "per-sample", "constant", "batch size", "data set"
 CRITERION = "criterion:"
 LOSSES = (MEAN, SUM)
 REDUCTIONS = {"mean": MEAN, "batchmean": MEAN, "sum": SUM, "none": PER_SAMPLE}
@@ -123,7 +124,7 @@ class _Reading:
         if spelled in env:
             return env[spelled]
         if isinstance(node, cst.Attribute) and node.attr.value == "dataset":
-            return "dataset"  # a DataLoader's (a batch has none): only `len()` reads it
+            return DATASET  # a DataLoader's (a batch has none)
         bindings = self.script.bindings_of_reference(node)
         if not bindings or not spelled:
             return None
@@ -189,13 +190,13 @@ class _Reading:
         declared = self._torch_loss(call, names)
         if declared is not None:
             return declared
-        method = _method(call)
-        reduction = TORCH_REDUCTIONS.get(next(iter(names & TORCH_REDUCTIONS.keys()), ""))
-        if reduction is not None or method in ("mean", "sum"):
-            reduced = _positional(call)[0] if reduction is not None and _positional(call) else call.func.value if method else None
-            if reduced is None or has_star_args(call) or len(call.args) > (1 if reduction is not None else 0):
+        reducing = _reduction_call(call, names)
+        if reducing is not None:
+            reduction, operand = reducing
+            if operand is None:
                 return PER_SAMPLE  # over some dimensions only
-            return _reduced(reduction or REDUCTIONS[method], reduced, self.value(reduced, env, depth + 1))
+            return _reduced(reduction, operand, self.value(operand, env, depth + 1))
+        method = _method(call)
         if method == "size" and len(call.args) == 1 and _is_zero(call.args[0].value):
             return BATCH
         if "builtins.len" in names and len(call.args) == 1:
@@ -263,7 +264,7 @@ class _Reading:
         if self.script.kind_of(of) in ("dataset", "loader"):
             return CONSTANT
         found = self.value(of, env, depth + 1)
-        return {"dataset": CONSTANT, PER_SAMPLE: BATCH}.get(found or "")
+        return {DATASET: CONSTANT, PER_SAMPLE: BATCH}.get(found or "")
 
     def _subscript(self, node: cst.Subscript, env: dict, depth: int) -> Optional[str]:
         """`x.shape[0]`, `x.size()[0]`: the batch's size."""
@@ -310,6 +311,19 @@ def _declared(call: cst.Call, fixed_positions: int) -> str:
     if flags.get("reduce") is False:
         return PER_SAMPLE
     return SUM if flags.get("size_average") is False else MEAN
+
+
+def _reduction_call(call: cst.Call, names: Iterable[str]) -> Optional[tuple[str, Optional[cst.BaseExpression]]]:
+    """(MEAN or SUM, the tensor reduced) for `x.mean()`, `torch.sum(x)`; the
+    tensor is None where arguments choose dimensions."""
+    function = next((TORCH_REDUCTIONS[name] for name in names if name in TORCH_REDUCTIONS), None)
+    if function is not None:
+        positional = _positional(call)
+        return function, positional[0] if len(call.args) == 1 and len(positional) == 1 else None
+    method = _method(call)
+    if method in ("mean", "sum"):
+        return REDUCTIONS[method], call.func.value if not call.args else None
+    return None
 
 
 def _reduced(reduction: str, node: cst.BaseExpression, inner: Optional[str]) -> Optional[str]:
