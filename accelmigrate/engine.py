@@ -656,7 +656,8 @@ def process_file(
     result = FileResult(path)
     try:
         source = read_source(Path(path))
-        _ensure_not_too_large(path, source)
+        if not is_notebook(path):  # a notebook's outputs (images) cost nothing: its code cells are measured
+            _ensure_not_too_large(path, source.read_as.size if source.read_as else len(source.text))
         result.original = source.text
         outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length)
         result.findings, result.error = _in_cells(path, source.text, outcome.findings), outcome.error
@@ -675,11 +676,10 @@ def process_file(
     return result
 
 
-def _ensure_not_too_large(path: str, source: SourceText) -> None:
-    size = source.read_as.size if source.read_as is not None else len(source.text)
+def _ensure_not_too_large(path: str, size: int, what: str = "") -> None:
     if size > MAX_SOURCE_BYTES:
         raise InputError(
-            f"{path}: {size / 2**20:.1f} MB, over the {MAX_SOURCE_BYTES // 2**20} MB that can be migrated safely; "
+            f"{path}: {what}{size / 2**20:.1f} MB, over the {MAX_SOURCE_BYTES // 2**20} MB that can be migrated safely; "
             "skipped (migrate the training code in a file of its own)"
         )
 
@@ -779,6 +779,7 @@ def _notebook_outcome(
     positions in that source (`_in_cells` places them)."""
     try:
         notebook = parse_notebook(text, path)
+        _ensure_not_too_large(path, len(notebook.source.encode("utf-8", "surrogatepass")), "code cells of ")
         if not notebook.is_python:
             return Outcome(None, [])
         migration = migrate_source(notebook.source, plan, path, check_only=check_only, notebook=True)

@@ -259,6 +259,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         self.resolving: set = set()  # assignment lines whose device is being resolved (against cycles)
         self.runtime_names: dict = {}  # runtime function -> the name the migrated code calls it by
         self.unused_devices: dict = {}  # device Ref key -> nothing is placed on it (the steps run on the CPU)
+        self.optimizer_uses: Optional[dict] = None  # see Resolution.used_as_optimizer
 
     # =========================================================================
     # planning: everything is decided on the original tree, before any change

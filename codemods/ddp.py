@@ -26,7 +26,17 @@ What it does
       overwrite its BatchNorm statistics in place between forwards that
       autograd still needs; each rank keeps its own statistics, the
       parameters stay equal. A model whose `forward` (in this file) calls a
-      layer only under a condition gets `find_unused_parameters=True`.
+      layer only under a condition, or returns several outputs of which a
+      training call uses only some (an InfoGAN discriminator's heads:
+      `validity, _ = netD(fake)`), gets `find_unused_parameters=True`.
+      Where the optimizer takes one name of the model and training calls
+      another (`model = net`, `net(xb)`), the wrap goes under the name the
+      forward is called through, after the other names are bound (they keep
+      the bare module; the optimizer steps the same parameters); a forward
+      called through two names is refused. A function of another module
+      given the model (`evaluate(model, val_loader)`) gets the bare module
+      (it may read `model.n_classes`), unless it may train through it (an
+      optimizer given along, or a result a backward's loss is computed from).
       A model whose loss sums over the batch (`reduction="sum"`, `.sum()`;
       read by `codemods/script/reduction.py`) gets
       `sum_gradients_across_ranks(model)` right after the wrap: a
@@ -51,12 +61,46 @@ What it does
       the steps per epoch and the learning-rate schedule stay what they were
       (`--to ddp=per-process` keeps the batch per process instead, so the
       global batch grows with the world size, and scales the optimizers'
-      learning rates linearly);
+      learning rates linearly). Where the loop that trains shapes tensors
+      with the loader's batch size (`images.reshape(batch_size, -1)`,
+      `torch.ones(batch_size, 1)`, `range(batch_size)`), those sizes read
+      `per_process_batch_size(batch_size)`; its other uses (steps per epoch)
+      keep the global batch. A batch size known to be odd (a literal, a
+      constant, an argparse default of 1) gets a finding: no even number of
+      processes can split it;
+    - gives each rank its own share of the random draws sized by the batch
+      in a loop that trains (a GAN's noise, `torch.randn(batch, latent)`
+      with `batch = real.size(0)` or the loader's batch size; `torch.rand`
+      too): every rank is seeded alike, so each would draw the same noise
+      and the global batch of fakes would hold every sample once per rank.
+      `draw_rank_share(torch.randn, batch, latent)` draws the original's
+      noise for the whole batch on every rank (their generators stay in
+      step: the sampler draws its order alike on every rank) and keeps this
+      rank's rows, `rank, rank + world, ...`, those of the samples the
+      sampler gives this rank: together the ranks draw exactly the
+      original's noise, and a world of one draws `torch.randn(batch, latent)`
+      itself. A draw of a fixed size (`torch.randn(64, latent)` for samples)
+      stays: alike on every rank, it is the original's draw, and so are the
+      gradients averaged across the ranks;
     - prints, logs and writes files (`torch.save`, `open(..., "w")`, ...) on
       rank 0 only and hides tqdm bars on the other ranks; where every rank
       then reads back (`torch.load`, `open`, `numpy.load`) or removes
       (`os.remove`) a file rank 0 writes earlier in the same function,
-      a `barrier()` comes first, and the removal is rank 0's;
+      a `barrier()` comes first, and the removal is rank 0's; a read in a
+      loop of a file rank 0 writes later in the loop (a checkpoint saved at
+      the end of an epoch, loaded at the start of the next) gets a
+      `barrier()` right after the write; copying, moving or replacing a file
+      that rank 0 alone wrote (`shutil.copyfile(filename,
+      "model_best.pth.tar")` under `if is_best:`) is rank 0's as well;
+    - makes folders that every rank creates at once safe (AM537): under
+      `if not os.path.exists(d):` the call becomes `os.makedirs(d,
+      exist_ok=True)` (the folder is missing there in a world of one; a
+      missing parent is made where `os.mkdir` failed); a folder made
+      without a check (it must not exist yet) is made on rank 0, then
+      every rank waits at a `barrier()`;
+    - notes a trained model built here with BatchNorm layers (AM538): each
+      process computes their statistics on its own share of the batch;
+      `--to sync-bn` shares them across processes (GPUs);
     - reads and writes `state_dict`s (and `.module`) through
       `unwrap_model(model)`, so checkpoint keys carry no `module.` prefix;
       so do the model's own methods and attributes outside training
@@ -218,10 +262,13 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM531": "no entry point in this file to join the process group from",
         "AM532": "random draw sized by the batch, alike on every rank (a GAN's noise)",
         "AM533": "global batch size shaping this process's share of the batch",
+        "AM534": "batch size that the processes cannot split evenly",
+        "AM537": "folder created on every rank at once",
+        "AM538": "BatchNorm statistics computed on each process's share of the batch (see sync-bn)",
     }
     # AM526: the script already sets up torch.distributed itself (or ddp's own
     # output does); nothing in it to change, only to launch.
-    notes = frozenset({"AM524", "AM526"})
+    notes = frozenset({"AM524", "AM526", "AM538"})
     triggers = ("DataParallel", "DataLoader", "optim", "local_rank", "local-rank", "backward")
 
     @classmethod

@@ -4,9 +4,12 @@ What it does
     - `x.data[0]` where `x` provably holds one number becomes `x.item()`
       (AM220): the result of a loss function (`F.nll_loss(...)`, a criterion
       made by `nn.CrossEntropyLoss()` and the like, without
-      `reduction="none"`), of `.sum()` / `.mean()`, arithmetic on those, or a
-      name assigned once on which `.backward()` runs. `total[0]` on a running
-      total of such `.data` values becomes `total.item()`.
+      `reduction="none"`), of `.sum()` / `.mean()`, arithmetic on those, what
+      a function or method of the file returns when every `return` gives one
+      of those, a name assigned once on which `.backward()` runs, or a read
+      that follows `name.backward()` with no assignment of the name between.
+      `total[0]` on a running total of such `.data` values becomes
+      `total.item()`.
     - `total += loss.data` whose total is only ever read as `total[0]`
       accumulates `loss.item()` instead, and the reads become `total`
       (AM223).
@@ -23,7 +26,11 @@ What it does
     - `Variable(t, volatile=True)`: the statements that use the value, from
       its first use to the end of the loop body (or function body), run under
       `with torch.no_grad():`; the whole loop when everything before that use
-      only moves data (AM222).
+      only moves data; only up to the last statement that reads a value made
+      from it where the rest trains (a DQN's target values), and at module
+      level (AM222). Values made there may be read later: made from the
+      volatile value, they had no graph in PyTorch 0.3 and have none now.
+      `x.volatile = False` lines, which cut that in 0.3, go.
     - `size_average=` / `reduce=` of a loss become `reduction=` by torch's
       own table (AM224): `reduce=False` -> `"none"`, else
       `size_average=False` -> `"sum"`, else the default `"mean"`.
@@ -58,20 +65,24 @@ Example
 
         import torch
 
-        for data, target in test_loader:
-            with torch.no_grad():
+        with torch.no_grad():
+            for data, target in test_loader:
                 output = model(data)
                 test_loss += F.nll_loss(output, target, reduction="sum").item()
 
 Left alone
-    `x.data[0]` on a tensor not provably holding one number (`output.data[0]`
-    is the first sample of a batch: valid indexing); `total += loss.data`
+    `x.data[0]` on a tensor provably holding more (a model's output, a batch
+    of a DataLoader, a slice, a layer's weight: `output.data[0]` is the first
+    sample, valid indexing); where neither can be told, a finding says to
+    write `.item()` if it holds one number; `total += loss.data`
     whose total is read otherwise than `total[0]` (a 0-dim tensor works
     today); `F.sigmoid` / `F.tanh` (deprecated, still work); `size_average`
     or `reduce` given by position; a `Variable(...)` with other arguments,
-    and a `volatile=True` whose region cannot be proven (it is used inside an
-    `if`, the region backpropagates, or values made there are read later
-    where a graph may matter): a finding says what to do by hand. A file
+    and a `volatile=True` whose region would change what the script computes
+    (it is made inside an `if`, the region backpropagates, a value made there
+    without the volatile input keeps a graph that code which trains reads
+    later, or a later backward runs through a value made from it, which
+    PyTorch 0.3 refused): a finding says what to do by hand. A file
     with `.cuda(async=True)` does not parse on Python 3.7+ and is reported as
     a syntax error (write `non_blocking=True`).
 """

@@ -58,6 +58,7 @@ from typing import Optional, Sequence
 import libcst as cst
 
 from ._base import Codemod, code_of, keyword_arg, walk
+from ._ddp.batch_norm import BATCH_NORM, CONVERT
 from ._ddp.common import is_plain_reference
 from .script import vocabulary as v
 from .script.uses import uses_of
@@ -65,17 +66,11 @@ from .script.ddp_spelling import is_unbound, spelling_at
 
 RANK_LOCAL_BUFFERS = "accelmigrate.runtime.distributed.rank_local_buffers"
 
-CONVERT = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm", "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm"})
 TRAINING_SIGNS = v.DATA_PARALLEL | v.DATALOADER
 # Imported names that can spell SyncBatchNorm, from the outermost module in.
 SYNC_BATCH_NORM_PATHS = (("torch", "nn.SyncBatchNorm"), ("torch.nn", "SyncBatchNorm"), ("torch.nn.SyncBatchNorm", ""))
 # DistributedDataParallel(module, device_ids, output_device, dim, broadcast_buffers, init_sync, process_group, ...)
 PROCESS_GROUP_POSITION = 6
-BATCH_NORM = frozenset(
-    f"{module}.{name}"
-    for module in ("torch.nn", "torch.nn.modules.batchnorm")
-    for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "SyncBatchNorm")
-)
 # torch callables that may hand back a model of unknown layers
 TORCH_LOADERS = ("torch.hub.", "torch.load", "torch.jit.", "torch.export.")
 WRAPPERS = v.DATA_PARALLEL | v.DISTRIBUTED_DATA_PARALLEL

@@ -157,3 +157,19 @@ def test_alias_is_wrapped_where_the_forward_is_called():
     code = migrate_source((CASES / "wrap_alias_forward.py").read_text(), [("ddp", {})], "wrap_alias_forward.py").code
     assert "model = net\n    if is_distributed():\n        net = DistributedDataParallel(net," in code
     assert "torch.save(model.state_dict()" in code  # the bare module: keys without `module.`
+
+
+def test_draw_rank_share_is_the_original_draw_in_a_world_of_one_and_its_rows_on_a_rank(monkeypatch):
+    from accelmigrate.runtime.distributed import draw_rank_share
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    torch.manual_seed(1)
+    original = torch.randn(6, 3)
+    torch.manual_seed(1)
+    assert torch.equal(draw_rank_share(torch.randn, 6, 3), original)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    torch.manual_seed(1)
+    share = draw_rank_share(torch.randn, 3, 3)
+    assert torch.equal(share, original[1::2]) and share.is_contiguous()

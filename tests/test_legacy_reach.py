@@ -239,3 +239,13 @@ def test_refused_regions_keep_the_backward_calls_after_them_working(tmp_path):
     after = run_python(script, env=ONE_THREAD)
     assert after.returncode == 0, after.stderr
     assert "spread" in after.stdout
+
+
+def test_a_file_whose_only_old_idiom_is_retain_variables_is_migrated():
+    from accelmigrate.codemods.script import precheck, words_that_may_apply
+
+    source = "import torch\nw = torch.ones(2, requires_grad=True)\n(w * 2).sum().backward(retain_variables=True)\n"
+    assert words_that_may_apply(precheck(source), ["modernize"]) == ["modernize"]
+    result = migrate_source(source, [("modernize", {})], "retain.py")
+    assert result.code.endswith(".backward(retain_graph=True)\n")
+    assert [(f.code, f.fixed) for f in result.findings] == [("AM226", True)]

@@ -276,3 +276,16 @@ def test_indexing_a_plain_name_is_not_a_failure():
     result = migrate_source(source, [("modernize", {})])
     assert not [f for f in result.findings if f.code == "AM000"], result.findings
     assert "total += loss.item()" in result.code and "print(first, total)" in result.code
+
+
+def test_the_parts_of_modernize_do_not_import_the_codemod():
+    """The parts share codemods/_modernize/planning.py, so that the codemod
+    and its parts never import each other (not even for type checking)."""
+    import ast
+
+    from conftest import ROOT
+
+    for part in sorted((ROOT / "codemods" / "_modernize").glob("*.py")):
+        tree = ast.parse(part.read_text(encoding="utf-8"))
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 2]
+        assert "modernize" not in imported, part.name

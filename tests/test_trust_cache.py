@@ -13,22 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from accelmigrate import engine
 from accelmigrate.cache import CACHE_DIR_VARIABLE, CACHE_FOLDER_NAME, ResultCache, secret_path, user_secret
-from accelmigrate.cli import main
+from test_cache import LOOP, MIGRATED, invoke
 
-LOOP = textwrap.dedent(
-    """\
-    import torch
-
-    for step in range(3):
-        x = torch.ones(2)
-        torch.cuda.empty_cache()
-    """
-)
-MIGRATED = LOOP.replace("    torch.cuda.empty_cache()\n", "")
 PLANTED = "import os\nos.system('echo planted')\n"
 
 
@@ -82,20 +71,20 @@ def project(tmp_path: Path) -> Path:
     return folder
 
 
-def test_entries_edited_in_the_tree_change_nothing_for_another_user(project: Path, users, tmp_path: Path):
+def test_entries_edited_in_the_tree_change_nothing_for_another_user(project: Path, users):
+    """One tree (a shared checkout, or one that a pull request or a tarball
+    brought with its cache folder), two users with their own home."""
     alice, bob = users
     assert cli(project, alice, "apply", "--diff", "train.py").returncode == 1  # an entry of apply's
     assert cli(project, alice, "check", "train.py").returncode == 1  # and one of check's
     assert len(entries(project)) == 2
     for entry in entries(project):
         edited(entry, plant)
-    fresh = tmp_path / "bob-s-copy"
-    shutil.copytree(project, fresh)  # the tree as a pull request or a tarball brings it
-    check = cli(fresh, bob, "check", "train.py")
+    check = cli(project, bob, "check", "train.py")
     assert check.returncode == 1 and "AM210" in check.stdout  # the planted "pass" is not believed
-    applied = cli(fresh, bob, "apply", "train.py")
+    applied = cli(project, bob, "apply", "train.py")
     assert applied.returncode == 0, applied.stderr
-    assert (fresh / "train.py").read_text() == MIGRATED
+    assert (project / "train.py").read_text() == MIGRATED
 
 
 def test_entries_edited_in_the_tree_change_nothing_for_their_own_user(project: Path, users):
@@ -167,15 +156,6 @@ def test_a_damaged_entry_is_a_miss_and_the_file_is_migrated(project: Path, users
 def own_secret(monkeypatch, tmp_path_factory):
     monkeypatch.delenv(CACHE_DIR_VARIABLE, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))
-
-
-def invoke(*args, cwd: Path):
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    finally:
-        os.chdir(old)
 
 
 def test_a_signed_migration_that_does_not_parse_is_migrated_again(project: Path):
@@ -254,3 +234,10 @@ def test_check_shares_entries_across_layouts(project: Path, monkeypatch):
     seen = []
     monkeypatch.setattr(engine, "migrate_source", lambda *args, **kwargs: seen.append(args) or None)
     assert invoke("check", "train.py", cwd=project).exit_code == 1 and seen == []
+
+
+def test_a_secret_inside_the_project_turns_the_cache_off(project: Path, monkeypatch):
+    """It could have come with the repository (a tarball keeps mode 0600)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(project / ".cache"))
+    assert invoke("apply", "train.py", cwd=project).exit_code == 0
+    assert (project / "train.py").read_text() == MIGRATED and entries(project) == []

@@ -2,6 +2,7 @@
 checked before the rename, and the loser of two runs at once refuses),
 old Mac line ends kept, and sizes it cannot migrate safely refused."""
 
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,18 @@ def test_a_file_over_the_size_limit_is_refused_and_the_others_processed(tmp_path
     line = next(line for line in done.stderr.splitlines() if "generated.py" in line)
     assert "over the 2 MB that can be migrated safely; skipped" in line
     assert big.read_text().endswith(LOOP) and "empty_cache" not in (tmp_path / "train.py").read_text()
+
+
+def test_a_notebook_is_measured_by_its_code_cells_not_its_outputs(tmp_path: Path):
+    """Plots saved in a notebook make it megabytes; its code is what costs."""
+    from test_notebook import code, lines, notebook
+
+    picture = {"data": {"image/png": "A" * (3 * MAX_SOURCE_BYTES // 2)}, "metadata": {}, "output_type": "display_data"}
+    file = tmp_path / "train.ipynb"
+    file.write_text(json.dumps(notebook(code(lines(LOOP), 1, [picture]))))
+    result = process_file(str(file), [("empty-cache", {})], write=True)
+    assert result.error is None and result.written
+    assert "empty_cache" not in "".join(json.loads(file.read_text())["cells"][0]["source"])
+    big = tmp_path / "generated.ipynb"
+    big.write_text(json.dumps(notebook(code(lines("x = 1\n" * (MAX_SOURCE_BYTES // 6 + 1))))))
+    assert "code cells of 2.0 MB, over the 2 MB" in process_file(str(big), [("empty-cache", {})]).error

@@ -342,16 +342,25 @@ class Resolution:
         for binding in self.script.bindings_of_reference(receiver):
             if binding.value is not None and self.built_from_parameters(binding.value):
                 return True
-        for node in self.script.index.nodes:
-            if isinstance(node, cst.Attribute) and node.attr.value in OPTIMIZER_USES:
-                spelling = node.value
-            elif isinstance(node, cst.Call) and node.args and self.script.kind_of(node) == "scheduler":
-                spelling = node.args[0].value
-            else:
-                continue
-            if self.dotted(spelling) == spelled and (not bindings or bindings & {id(b) for b in self.script.bindings_of_reference(spelling)}):
-                return True
-        return False
+        return any(
+            not bindings or bindings & {id(b) for b in self.script.bindings_of_reference(spelling)}
+            for spelling in self.used_as_optimizer().get(spelled, ())
+        )
+
+    def used_as_optimizer(self) -> dict:
+        """Spelling -> the expressions of the file used as an optimizer is
+        (`x` of `x.zero_grad()`, `x.param_groups`, `StepLR(x, ...)`), found once."""
+        if self.optimizer_uses is None:
+            self.optimizer_uses = {}
+            for node in self.script.index.nodes:
+                if isinstance(node, cst.Attribute) and node.attr.value in OPTIMIZER_USES:
+                    spelling = node.value
+                elif isinstance(node, cst.Call) and node.args and any(v.is_scheduler(n) for n in self.qualified_names(node.func)):
+                    spelling = node.args[0].value
+                else:
+                    continue
+                self.optimizer_uses.setdefault(self.dotted(spelling), []).append(spelling)
+        return self.optimizer_uses
 
     def built_from_parameters(self, value: cst.BaseExpression) -> bool:
         """A call given a model or its parameters, or an instance of a class

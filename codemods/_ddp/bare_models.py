@@ -315,6 +315,7 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         site: cst.Call = optimizer
         for _ in range(FOLLOW_DEPTH + 1):
             if self._called_outside_no_grad(model):
+                self._alias_called_in_training(model, optimizer)  # refused where another name is called too
                 return model, site
             if self._parameter_of(model) is None:
                 # A model built here is wrapped here (and returned wrapped, if it is); where

@@ -139,6 +139,7 @@ class LoaderSharding(RankNoise):
             self._edits[call] = lambda updated: self._rewrite_loader(updated, sampler_code, hoisted)
 
         self._step(call, "AM504", message, apply)
+        self._check_split_batch(call, batch.value)
         return batch.value
 
     def _kwargs_leave_sharding_alone(self, call: cst.Call) -> bool:

@@ -7,9 +7,12 @@ global batch (steps per epoch, a print cadence, a learning-rate rule).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
-from .._base import dotted_name, walk
+from .._base import dotted_name, keyword_arg, walk
+from ..batch_scale import argparse_dest
 from .common import call_of
 from .queries import ScriptQueries
 
@@ -21,7 +24,41 @@ PER_PROCESS = frozenset({"accelmigrate.runtime.distributed.per_process_batch_siz
 
 
 class LocalBatchSize(ScriptQueries):
-    """Plans `per_process_batch_size(...)` at the loop's shape arguments."""
+    """Plans `per_process_batch_size(...)` at the loop's shape arguments, and
+    warns of a batch size that no even number of processes can split."""
+
+    def _check_split_batch(self, call: cst.Call, batch: cst.BaseExpression) -> None:
+        """A batch size known here (a literal, a constant, an argparse default)
+        that two processes cannot split: `per_process_batch_size` would stop
+        the launch, so say it before."""
+        value = self._literal_value(batch)
+        if self.per_process or value is None or value % 2 == 0:
+            return
+        code = self._code(batch)
+        known = "" if isinstance(batch, cst.Integer) else f" (`{code}` is {value} here)"
+        reason = "a batch of one cannot be split across processes" if value == 1 else "an odd batch cannot be split across an even number of processes"
+        self.report(
+            batch, "AM534",
+            f"batch size {value}{known}: {reason}, and `per_process_batch_size` stops such a launch; launch with a batch "
+            f"size divisible by the number of processes, or migrate with `--to ddp=per-process` to keep {value} per process",
+        )
+
+    def _literal_value(self, node: cst.BaseExpression) -> Optional[int]:
+        """The integer `node` always is: a literal, a name assigned only that
+        literal, or `args.<dest>` of an argparse argument with that default."""
+        if isinstance(node, cst.Integer):
+            return int(node.evaluated_value)
+        if isinstance(node, cst.Name):
+            values = {self._literal_value(v) if isinstance(v, cst.Integer) else None for v in self._assigned_values(node)}
+            return values.pop() if len(values) == 1 else None
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            arguments = [
+                c for c in self._uses.calls
+                if isinstance(c.func, cst.Attribute) and c.func.attr.value == "add_argument" and argparse_dest(c) == node.attr.value
+            ]
+            default = keyword_arg(arguments[0], "default") if len(arguments) == 1 else None
+            return int(default.value.evaluated_value) if default is not None and isinstance(default.value, cst.Integer) else None
+        return None
 
     def _splits_batch(self, loop: cst.CSTNode, batch: cst.BaseExpression) -> bool:
         # ddp=per-process keeps each process's batch: the loop's sizes stay right.

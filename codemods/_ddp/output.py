@@ -13,7 +13,8 @@ import libcst as cst
 from .._base import append_keyword_args, has_star_args, is_main_guard, keyword_arg, walk
 from ..script import vocabulary as v
 from .common import RUNTIME, Insertion, Var
-from .queries import ScriptQueries
+from .batch_norm import BatchNormNote
+from .rank_zero_files import RankZeroFiles
 
 TQDM = frozenset(
     {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.", "rich.") for name in ("tqdm", "trange")}
@@ -51,17 +52,23 @@ WRITTEN_PATH = {
     "matplotlib.pyplot.savefig": ("fname", 0),
 }
 READ_PATH = {"torch.load": ("f", 0), "numpy.load": ("file", 0), "builtins.open": ("file", 0), "io.open": ("file", 0)}
-REMOVED_PATH = {"os.remove": ("path", 0), "os.unlink": ("path", 0)}
+# Calls after which the file is gone from its path.
+REMOVED_PATH = {
+    "os.remove": ("path", 0), "os.unlink": ("path", 0), "os.rename": ("src", 0), "os.replace": ("src", 0), "shutil.move": ("src", 0),
+}
 
 
-class RankZeroOutput(ScriptQueries):
+class RankZeroOutput(RankZeroFiles, BatchNormNote):
     """Plans the rank-0 guards, hidden bars and barriers."""
 
     def _plan_rank_zero_output(self, models: list[Var]) -> None:
-        loggers = self._logger_references()
+        self._loggers = loggers = self._logger_references()
+        self._work: Optional[list[cst.Call]] = None
+        self._rank_zero_work: set[cst.Call] = set()
+        self._barrier_after_planned: set[cst.CSTNode] = set()
         # Where a model is called under any name: its forward may broadcast buffers.
         self._model_references = {r for model in models for r, _ in self._followed_references(model)}
-        rank_zero_writes: list[cst.CSTNode] = []
+        written: list[tuple[cst.CSTNode, cst.BaseExpression]] = []  # (what rank 0 alone writes, the file)
         for node in self._uses.calls:
             if self.is_call_to(node, TQDM):
                 self._plan_tqdm(node)
@@ -79,10 +86,16 @@ class RankZeroOutput(ScriptQueries):
                 )
         for statement in self._statements_with_called_output():
             kind = self._output_kind(statement, loggers)
-            if kind is not None and self._plan_guard(statement, kind) and kind == "a file write":
-                rank_zero_writes.append(statement)
-        if rank_zero_writes:
-            self._plan_reads_after_writes(rank_zero_writes)
+            if kind is None or not (self._plan_guard(statement, kind) or self._inside_planned_guard(statement)):
+                continue
+            path = self._written_path(statement) if kind == "a file write" else None
+            if path is not None:
+                written.append((statement, path))
+                written.extend(self._plan_work_on_written(statement, path, self._every_rank_reads()))
+        self._plan_directories()
+        self._note_batch_norm(models)  # with the models' other per-rank consequences
+        if written:
+            self._plan_reads_after_writes(written)
 
     def _statements_with_called_output(self) -> list[cst.CSTNode]:
         """The statements that may print, log or write, in source order: a line
@@ -224,17 +237,34 @@ class RankZeroOutput(ScriptQueries):
                 return self._code(node.func)
         return None
 
-    def _plan_reads_after_writes(self, writes: list[cst.CSTNode]) -> None:
+    def _every_rank_reads(self) -> list[tuple[cst.Call, str]]:
+        """The calls that read a file they name, with the file's code."""
+        if getattr(self, "_reads", None) is None:
+            self._reads = [
+                (call, self._code(path))
+                for call in self._uses.calls
+                for path in [self._path_argument(call, READ_PATH)]
+                if path is not None and not (self.is_call_to(call, OPEN) and _opens_for_writing(call))
+            ]
+        return self._reads
+
+    def _plan_reads_after_writes(self, writes: list[tuple[cst.CSTNode, cst.BaseExpression]]) -> None:
         """Every rank that reads (or removes) a file rank 0 writes earlier in the
         same function waits for it at a `barrier()` first; removal is rank 0's
-        alone, once every rank has read it."""
-        written = [(w, self._code(path)) for w in writes for path in [self._written_path(w)] if path is not None]
+        alone, once every rank has read it. A read in a loop of a file written
+        later in the loop waits at a `barrier()` after the write."""
+        written = [(w, self._code(path)) for w, path in writes]
         for node in self._uses.calls:
+            if node in self._rank_zero_work:
+                continue
             removal = self.is_call_to(node, REMOVED_PATH)
             path = self._path_argument(node, REMOVED_PATH if removal else READ_PATH)
             if path is None or (not removal and self.is_call_to(node, OPEN) and _opens_for_writing(node)):
                 continue
-            if not any(code == self._code(path) and self._comes_before_in_same_function(w, node) for w, code in written):
+            same = [w for w, code in written if code == self._code(path)]
+            if not any(self._comes_before_in_same_function(w, node) for w in same):
+                if not removal and any(self._plan_barrier_after(w, node) for w in same):
+                    continue
                 if self.is_call_to(node, v.TORCH_LOAD):
                     self.report(
                         node, "AM528",

@@ -41,7 +41,8 @@ class Shapes:
     def _batch_call(self, call: cst.Call, depth: int) -> bool:
         positional = positional_args(call)
         if self.model.is_call_to(call, SIZED_FACTORIES):
-            return bool(positional) and all(isinstance(a.value, cst.Integer) and a.value.evaluated_value > 0 for a in positional)
+            sizes = [a.value for a in positional]
+            return bool(sizes) and all(isinstance(size, cst.Integer) and size.evaluated_value > 0 for size in sizes)
         if self.model.is_call_to(call, v.VARIABLE):
             return len(positional) == 1 and self.is_batch(positional[0].value, depth + 1)
         if method_name(call) in SAME_VALUE_METHODS and not self._is_module_function(call):

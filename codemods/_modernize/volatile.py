@@ -51,7 +51,8 @@ class Regions:
                            f"run the code that uses this value under `with torch.set_grad_enabled(not {operand(flag)}):`")
             return
         if self.model.in_evaluation(call):
-            codemod.fix(call, "AM222", "volatile=True has had no effect since PyTorch 0.4; this code already runs under no_grad")
+            codemod.fix(call, "AM222", "volatile=True has had no effect since PyTorch 0.4; "
+                        "this code already runs under no_grad")
             return
         statement = self._statement(call)
         block = self.model.parent(statement) if statement is not None else None
@@ -64,9 +65,10 @@ class Regions:
             return
         body = list(block.body)
         after = body[body.index(statement) + (1 if names else 0):]
-        first = next((s for s in after if not names or reads_any(s, names)), None)
+        first = next((s for s in after if not names or reads_any(s, names) and not _sets_volatile(s)), None)
         if first is None:
-            codemod.fix(call, "AM222", "volatile=True has had no effect since PyTorch 0.4, and the value is not used after: dropped")
+            codemod.fix(call, "AM222", "volatile=True has had no effect since PyTorch 0.4, "
+                        "and the value is not used after: dropped")
             return
         self.starts.setdefault(block, []).append((first, call))
 
@@ -187,7 +189,7 @@ class Regions:
             kinds = values.kinds.get(name, {GRAPH})
             if kinds == {NO_GRAPH}:
                 continue  # `test_loss += loss.data[0]`: the same value either way
-            reads = [r for r in reads_outside(self.model, scope, name, region) if not self._assigned_before(r, name, scope, region)]
+            reads = self._later_reads(name, scope, region)
             if not reads:
                 continue
             if GRAPH in kinds:
@@ -219,11 +221,17 @@ class Regions:
                 line = self.codemod._statement_line(read) if assignment is not None else None
                 if line is None:
                     continue
-                targets = [t.target for t in assignment.targets] if isinstance(assignment, cst.Assign) else [assignment.target]
-                for target in {n for t in targets for n in plain_target_names(t)}:
-                    later = reads_outside(self.model, scope, target, [line])
-                    pending.append((target, [r for r in later if not self._assigned_before(r, target, scope, [line])]))
+                targets = assignment.targets if isinstance(assignment, cst.Assign) else [assignment]
+                for target in {n for t in targets for n in plain_target_names(t.target)}:
+                    pending.append((target, self._later_reads(target, scope, [line])))
         return None
+
+    def _later_reads(self, name: str, scope: Scope, statements: list) -> list[cst.Name]:
+        """The reads of `name` outside `statements` that may see the value they give it."""
+        return [
+            read for read in reads_outside(self.model, scope, name, statements)
+            if not self._assigned_before(read, name, scope, statements)
+        ]  # fmt: skip
 
     def _backpropagates(self, scope: Scope) -> bool:
         return any(

@@ -63,8 +63,10 @@ class RegionValues:
             self._augment(node)
         elif isinstance(node, cst.For):
             carries = self.carries(node.iter)
+            counts = self.model.is_call_to(node.iter, {"builtins.range"})
             for name in (n for n in walk(node.target) if isinstance(n, cst.Name)):
-                self._record(name.value, VOLATILE if carries else NO_GRAPH if self.values.is_grad_free(name) else GRAPH, node)
+                kind = VOLATILE if carries else NO_GRAPH if counts or self.values.is_grad_free(name) else GRAPH
+                self._record(name.value, kind, node)
         elif isinstance(node, cst.WithItem) and node.asname is not None:
             self._assign(node.asname.name, node.item)
 

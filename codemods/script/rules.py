@@ -109,9 +109,11 @@ def _batch_scale(f: SourceFacts) -> bool:
 def _modernize(f: SourceFacts) -> bool:
     """A pre-0.4 idiom can be there: `x.data[0]` or a running total of `.data`
     read as `total[0]`, Variable, `size_average=`/`reduce=` given to one of
-    torch.nn's losses, or an old `torch.nn.init` name."""
+    torch.nn's losses, an old `torch.nn.init` name, or `retain_variables=`
+    (keywords are among the names)."""
     return (
         f.data_zero_subscripts > 0
+        or "retain_variables" in f.names
         or (f.data_totals > 0 and f.zero_subscripts > 0)
         or f.uses(v.VARIABLE)
         or "Variable" in (f.names | f.attributes)
