@@ -1,15 +1,17 @@
 """Run codemods over source text and files.
 
-One file: read (encoding, newlines and BOM kept) -> answered from the cache
-when this content was seen with the same codemods and options -> cheap text
+One file: read (encoding, newlines and BOM kept; refused over
+MAX_SOURCE_BYTES) -> answered from the cache when this content was seen
+with the same codemods and options (and signed by this user) -> cheap text
 pre-check -> one CPython parse (its verdict on syntax, with its positions, and
 the `ast` pre-check: which codemods can apply at all) -> LibCST parse, only
 when some codemod can -> codemods in their fixed order -> check the result
 parses -> fit it to the file (new imports in their isort sections; black over
 the whole file if the input was black-formatted, else over the inserted or
 rewritten statements too long for the line length) -> diff or atomic write
--> FileResult. A file that fails, for whatever reason, becomes a FileResult
-with an error and is never written; the others go on.
+(refused if the file changed since it was read) -> FileResult. A file that
+fails, for whatever reason, becomes a FileResult with an error and is never
+written; the others go on.
 
 A notebook (`.ipynb`) goes the same way as one source made of its code cells
 (`notebook.py`), without the codemods that restructure a script's entry

@@ -2,7 +2,8 @@
 
 A file is decoded with the encoding Python itself would use (PEP 263 coding
 line, UTF-8 BOM), newlines untouched, and written back the same way,
-atomically: a temporary file in the same folder, then a rename.
+atomically: a temporary file in the same folder, then a rename, made only
+if the file is still what was read (a save made meanwhile is never lost).
 
 Only regular files are read (a FIFO or a device named `*.py` would block or
 never end). A symbolic link is followed: the file it names is rewritten and

@@ -64,6 +64,7 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
     def _plan_rank_zero_output(self, models: list[Var]) -> None:
         self._loggers = loggers = self._logger_references()
         self._work: Optional[list[cst.Call]] = None
+        self._reads: Optional[list[tuple[cst.Call, str]]] = None
         self._rank_zero_work: set[cst.Call] = set()
         self._barrier_after_planned: set[cst.CSTNode] = set()
         # Where a model is called under any name: its forward may broadcast buffers.
@@ -239,7 +240,7 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
 
     def _every_rank_reads(self) -> list[tuple[cst.Call, str]]:
         """The calls that read a file they name, with the file's code."""
-        if getattr(self, "_reads", None) is None:
+        if self._reads is None:
             self._reads = [
                 (call, self._code(path))
                 for call in self._uses.calls
