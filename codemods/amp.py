@@ -153,9 +153,11 @@ Left alone (with a finding that says what to do by hand)
       function (forward and backward in different functions, a loss passed in
       as a parameter: AM410), or computed in the backward statement itself
       (`criterion(model(x), y).backward()`: bind it first);
-    - `backward()` with arguments (`retain_graph=True`, a gradient) and
-      `torch.autograd.grad` in the step: gradient penalties and shared graphs
-      need the scaler placed by hand (AM412);
+    - `backward()` with a gradient, `inputs=` or `create_graph=True`, and
+      `torch.autograd.grad` in the step: gradient penalties and gradients
+      read outside the optimizer need the scaler placed by hand (AM412);
+      `retain_graph=` is kept: `scaler.scale(loss).backward(retain_graph=True)`
+      for each of several losses, as in PyTorch's AMP examples;
     - `optimizer.step(closure)` (LBFGS): the loss is computed inside step() (AM411);
     - an optimizer the codemod cannot trace to its constructor (a factory, a
       parameter of a function with no caller in the file, or with defaults or
@@ -203,7 +205,7 @@ from ._amp.names import Resolution
 from ._amp.passed import Passed
 from ._amp.placement import UNUSED_DEVICE, Placement
 from ._amp.plan import (
-    CPU, RAW_AUTOGRAD, Backward, Problem, Ref, StepPlan, method_call, statement, without_parens,
+    CPU, RAW_AUTOGRAD, Backward, Problem, Ref, StepPlan, method_call, statement, unscalable_argument, without_parens,
 )
 from ._amp.regions import Regions
 from ._base import Codemod, code_of, walk
@@ -225,7 +227,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         "AM407": "values computed under autocast that reach numpy, which has no bfloat16",
         "AM410": "backward whose forward, loss or step is out of view: add autocast and a GradScaler by hand",
         "AM411": "optimizer.step(closure): add autocast and a GradScaler by hand",
-        "AM412": "backward with arguments or raw autograd calls: scale the loss by hand",
+        "AM412": "backward with a gradient, inputs= or create_graph=, or raw autograd calls: scale the loss by hand",
         "AM413": "no device in reach: autocast needs the device type",
         "AM414": "optimizer not traceable to its constructor: bind the GradScaler by hand",
         "AM415": "training step laid out in a way the codemod cannot rewrite safely: migrate it by hand",
@@ -384,8 +386,10 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
                 raise Problem(node, "AM415", "put `loss.backward()` on a line of its own (not in a one-line block, not after `;`) so that it can be scaled")
             if backward.apex is not None:
                 self.check_apex_with(backward)
-            if backward.call is not None and backward.call.args:
-                raise Problem(node, "AM412", "backward() with arguments (retain_graph=, a gradient): scale each loss by hand, `scaler.scale(loss).backward(...)`, as in PyTorch's AMP examples")
+            kept = unscalable_argument(backward.call) if backward.call is not None else None
+            if kept is not None:
+                named = f"`{kept.keyword.value}=`" if kept.keyword is not None else f"`{kept.star}{code_of(kept.value)}`" if kept.star else "a positional argument (the gradient)"
+                raise Problem(node, "AM412", f"backward() with {named}: gradients given or read outside the optimizer would carry the loss scale; write `scaler.scale(loss).backward(...)` by hand and unscale what is read (PyTorch's AMP examples)")
             if any(isinstance(c, cst.Call) and not isinstance(c.func, cst.Attribute) for c in walk(backward.loss, into_definitions=False)):
                 raise Problem(node, "AM410", "the loss is computed in the backward statement itself: bind it first (`loss = criterion(model(x), y)`, then `loss.backward()`) and run again")
         for call in self.calls_within(unit):
@@ -400,8 +404,8 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         call = sole.value if isinstance(sole, cst.Expr) else None
         if backward.loss is None or len(with_node.items) != 1 or not isinstance(target, cst.Name) or not method_call(call, "backward") or self.dotted(call.func.value) != target.value:
             raise Problem(with_node, "AM416", "amp.scale_loss() block other than `with amp.scale_loss(loss, optimizer) as scaled: scaled.backward()`: replace it by `scaler.scale(loss).backward()` by hand")
-        if call.args:
-            raise Problem(with_node, "AM412", "scaled_loss.backward() with arguments: replace it by `scaler.scale(loss).backward(...)` by hand")
+        if unscalable_argument(call) is not None:
+            raise Problem(with_node, "AM412", "scaled_loss.backward() with a gradient, inputs= or create_graph=: replace it by `scaler.scale(loss).backward(...)` by hand")
 
     def optimizer_steps(self, unit: cst.CSTNode, backwards: list) -> list:
         """(call, optimizer) for each `.step()` of the unit; a Problem when a
@@ -471,8 +475,9 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
 
     def scale_backward(self, backward: Backward, scaler: str) -> None:
         if backward.apex is not None:
-            text = f"{scaler}.scale({code_of(without_parens(backward.loss))}).backward()"
-            self.edits.swap[backward.statement] = lambda old, text=text: statement(text).with_changes(leading_lines=old.leading_lines)
+            kept = backward.apex.body.body[0].body[0].value.args  # `scaled.backward(retain_graph=...)`: see check_apex_with
+            call = cst.parse_expression(f"{scaler}.scale({code_of(without_parens(backward.loss))}).backward()").with_changes(args=kept)
+            self.edits.swap[backward.statement] = lambda old, call=call: cst.SimpleStatementLine(body=[cst.Expr(call)], leading_lines=old.leading_lines)
             return
 
         def scale(updated: cst.Call) -> cst.Call:

@@ -181,6 +181,7 @@ import libcst as cst
 
 from ._base import Codemod, remove_statements, walk
 from ._device.calls import CallPlans
+from ._device.comparisons import StringComparisons
 from ._device.guards import GuardPlans
 from ._device.literals import (
     BINDING_NAMES, COMPUTED_GPU, CUDA, EXPECTS_ERROR_FUNCTIONS, EXPECTS_ERROR_METHODS, GET_DEVICE, GET_DEVICE_NAMES, LIBRARY,
@@ -199,7 +200,7 @@ from .script.device_facts import device_facts
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
 
 
-class Device(DeviceValues, Placement, CallPlans, PerProcessPlans, BackendPlans, GuardPlans, LegacyTypePlans, ApexPlans, Codemod):
+class Device(DeviceValues, StringComparisons, Placement, CallPlans, PerProcessPlans, BackendPlans, GuardPlans, LegacyTypePlans, ApexPlans, Codemod):
     word = "device"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "hard-coded .cuda() / 'cuda' placements -> one device chosen at run time (get_device())"

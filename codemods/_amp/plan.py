@@ -13,6 +13,23 @@ AUTOCAST_DTYPE = f"{PRECISION}.autocast_dtype"
 GRAD_SCALER_FACTORY = f"{PRECISION}.grad_scaler"
 RAW_AUTOGRAD = frozenset({"torch.autograd.grad", "torch.autograd.backward"})
 
+
+def unscalable_argument(call: cst.Call) -> Optional[cst.Arg]:
+    """The first argument of `loss.backward(...)` that `scaler.scale(loss)`
+    cannot keep: a gradient (positional or `gradient=`), `inputs=` (leaves
+    that no optimizer unscales), `create_graph=` other than False (gradients
+    with a graph are differentiated again, at the loss scale), `*`/`**`.
+    `retain_graph=` only keeps the graph for the next backward, as in
+    PyTorch's AMP examples for several losses."""
+    for arg in call.args:
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword == "retain_graph" and not arg.star:
+            continue
+        if keyword == "create_graph" and isinstance(arg.value, cst.Name) and arg.value.value == "False":
+            continue
+        return arg
+    return None
+
 APEX = "apex.amp"
 APEX_INITIALIZE = "apex.amp.initialize"
 APEX_SCALE_LOSS = "apex.amp.scale_loss"

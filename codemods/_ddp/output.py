@@ -321,9 +321,7 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
         self._barrier_planned.add(statement)
 
         def apply() -> None:
-            self._use("barrier")
-            barrier = cst.parse_statement(f"barrier(){self._module.default_newline}", config=self._config)
-            self._before.setdefault(statement, []).append(Insertion(barrier, take_leading="all"))
+            self._before.setdefault(statement, []).append(Insertion(self._barrier_statement(), take_leading="all"))
 
         if removal:
             message = "`barrier()` before rank 0 removes the file it wrote above: every rank has read it by then"

@@ -225,11 +225,13 @@ class RankZeroFiles(ScriptQueries):
             return
 
         def apply() -> None:
-            self._use("barrier")
-            barrier = cst.parse_statement(f"barrier(){self._module.default_newline}", config=self._config)
-            self._after.setdefault(statement, []).append(barrier)
+            self._after.setdefault(statement, []).append(self._barrier_statement())
 
         self._step(call, "AM537", "folder created on rank 0, then `barrier()`: the others wait until it exists", apply)
+
+    def _barrier_statement(self) -> cst.BaseStatement:
+        self._use("barrier")
+        return cst.parse_statement(f"barrier(){self._module.default_newline}", config=self._config)
 
     def _ancestors_in_function(self, node: cst.CSTNode):
         for ancestor in self.ancestors(node):
@@ -259,9 +261,7 @@ class RankZeroFiles(ScriptQueries):
         self._barrier_after_planned.add(statement)
 
         def apply() -> None:
-            self._use("barrier")
-            barrier = cst.parse_statement(f"barrier(){self._module.default_newline}", config=self._config)
-            self._after.setdefault(statement, []).append(barrier)
+            self._after.setdefault(statement, []).append(self._barrier_statement())
 
         self._step(read, "AM528", "`barrier()` after rank 0 writes the file every rank reads in the loop's next pass", apply)
         return True

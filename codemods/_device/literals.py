@@ -227,13 +227,20 @@ def last_name(target: cst.BaseExpression) -> str:
     return target.attr.value if isinstance(target, cst.Attribute) else getattr(target, "value", "")
 
 
+# Calls whose first argument is a device type name.
+AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"})
+
+
 def string_verdict(uses: Optional[list], name: str) -> str:
     """What to do with a string "cuda" bound to `name` and read as `uses`:
     "rewrite" it to the runtime's device when it is passed on as a device and
-    otherwise at most printed; "skip" a string never used as a device whose
-    name does not say device; "report" the rest."""
-    if uses is not None and None not in uses and "device" in uses:
+    otherwise at most printed or compared with a type (the comparison then
+    reads `.type`); "skip" a string never used as a device whose name does not
+    say device, or that is read as a device type (`device_type=`); "report"
+    the rest."""
+    if uses is not None and set(uses) <= {"device", "text", "compare"} and "device" in uses:
         return "rewrite"
-    if uses is not None and "device" not in uses and "dev" not in name.lower():
-        return "skip"
+    if uses is not None and "device" not in uses:
+        if "dev" not in name.lower() or (None not in uses and "type" in uses):
+            return "skip"
     return "report"

@@ -9,7 +9,7 @@ import libcst as cst
 
 from .._base import code_of
 
-from .literals import CUDA, RUNTIME, Definition, method_name
+from .literals import AUTOCAST, CUDA, RUNTIME, Definition, method_name
 from .syntax import first_param, is_static_or_class_method
 
 
@@ -175,7 +175,8 @@ class Placement:
         scope = self.script.scope_of(definition.statement)
         if scope.kind == "class":
             return None  # read as `Config.device`: cannot be seen either
-        return [self._use_kind(read) for read in self.facts.uses.reads(definition.target.value, scope)]
+        reads = self.facts.uses.reads(definition.target.value, scope)
+        return [self._compare_use(read, definition) or self._use_kind(read) for read in reads]
 
     def _parameter_uses(self, param: cst.Param) -> Optional[list]:
         scope = self.script.index.scope_by_node.get(self.parent(self.parent(param)))
@@ -185,8 +186,9 @@ class Placement:
 
     def _use_kind(self, node: cst.CSTNode) -> Optional[str]:
         """How a string device is read: "device" (`.to(d)`, `device=d`,
-        `torch.device(d)`), "text" (printed, in an f-string), or None (anything
-        else, where a torch.device would not behave like the string)."""
+        `torch.device(d)`), "text" (printed, in an f-string), "type" (autocast's
+        `device_type`, a type name by contract), or None (anything else, where
+        a torch.device would not behave like the string)."""
         parent = self.parent(node)
         if isinstance(parent, cst.FormattedStringExpression):
             return "text"
@@ -196,11 +198,15 @@ class Placement:
         if not isinstance(call, cst.Call):
             return None
         if parent.keyword is not None:
+            if parent.keyword.value == "device_type":
+                return "type"
             return "device" if parent.keyword.value in ("device", "map_location") else None
         if self.is_call_to(call, {"builtins.print"}):
             return "text"
         if self.is_call_to(call, {"torch.device"}) or (method_name(call) == "to" and call.args[0] is parent):
             return "device"
+        if self.is_call_to(call, AUTOCAST) and call.args[0] is parent:
+            return "type"
         return self._use_in_callee(call, node)
 
     def _use_in_callee(self, call: cst.Call, node: cst.CSTNode) -> Optional[str]:
@@ -224,4 +230,4 @@ class Placement:
             uses = self._parameter_uses(param)
         finally:
             self._followed_params.discard(param)
-        return "device" if uses is not None and None not in uses and "device" in uses else None
+        return "device" if uses is not None and set(uses) <= {"device", "text"} and "device" in uses else None

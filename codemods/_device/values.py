@@ -261,6 +261,8 @@ class DeviceValues:
                 self._plan_computed_definition(definition)
             elif device.kind == CUDA or device.kind == "choice":
                 self._plan_definition(definition)
+            if device.is_string and definition.value in self._edits:
+                self._compare_types(definition)
 
     def _plan_definition(self, definition: Definition) -> None:
         device = definition.device
