@@ -152,10 +152,15 @@ Left alone (with a finding that says what to do)
     - a place where no device name can be used safely (it is assigned only
       later in the function, or every candidate name is taken), `.cuda(*args)`
       and `torch.Tensor.cuda(x)` (AM311);
-    - a string device (`device = "cuda"`) that is compared or used as text,
-      or read where its uses cannot be seen (`self.device`, `Config.device`):
-      `torch.device("cuda:0") == "cuda"` is False (AM303, AM302); a string
-      that merely says "cuda" and is never used as a device is not touched;
+    - a string device (`device = "cuda"`) used as text other than printed,
+      compared otherwise than with a bare type name, or read where its uses
+      cannot be seen (`self.device`, `Config.device`):
+      `torch.device("cuda:0") == "cuda"` is False (AM303, AM302). One that is
+      compared with a type name (`device == "cuda"`, `"cuda" in device`)
+      becomes `get_device()` and the comparison reads `device.type`, which
+      holds that name; a string that merely says "cuda" or holds a type name
+      (`device_type = "cuda" if "cuda" in device else "cpu"`, autocast's
+      `device_type=`) and is never used as a device is not touched;
     - `parser.add_argument("--device", default="cuda")` (AM302, unfixed);
     - legacy CUDA tensor types used as other values: chosen by a user's flag
       (`if opt.cuda`), or the chosen type passed on or used in `isinstance`

@@ -62,6 +62,33 @@ def test_a_type_name_given_to_autocast_is_not_a_device():
     assert result.code == source and not result.findings
 
 
+def test_a_type_name_passed_on_where_its_reads_cannot_be_seen_is_not_a_device():
+    source = (
+        'import torch\ndevice = "cuda"\ndevice_type = "cuda" if "cuda" in device else "cpu"\n'
+        "opt = make_optimizer(device_type)\nx = torch.ones(1).to(device)\n"
+    )
+    result = migrate_source(source, PLAN, "train.py")
+    assert 'device_type = "cuda" if "cuda" in device.type else "cpu"' in result.code
+    assert all(f.fixed for f in result.findings)
+
+
+@pytest.mark.slow
+def test_a_configured_cuda_string_runs_on_a_cpu_as_the_original_would_with_cpu(tmp_path):
+    original = FIXTURES / "device" / "string_device_type_passed_on.py"
+    migrated = tmp_path / original.name
+    shutil.copy(original, migrated)
+    applied = run_cli("apply", str(migrated), "--to", "device")
+    assert applied.returncode == 0, applied.stderr + applied.stdout
+    # The reference: the original as its author would configure it for a CPU.
+    reference = tmp_path / "configured_for_cpu.py"
+    reference.write_text(original.read_text().replace('device = "cuda"\n', 'device = "cpu"\n', 1))
+
+    before, after = run_python(reference), run_python(migrated)
+    assert before.returncode == 0, before.stderr
+    assert after.returncode == 0, after.stderr
+    assert after.stdout == before.stdout and "iter 2 on cpu" in after.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["string_device_type_idiom", "string_device_compared"])
 def test_migrated_string_device_script_prints_what_the_original_prints_on_a_cpu(tmp_path, case):

@@ -62,6 +62,8 @@ class StringComparisons:
 
     def _compare_types(self, definition: Definition) -> None:
         """The definition became a torch.device: its comparisons read `.type`."""
+        if not isinstance(definition.target, cst.Name):
+            return  # `self.device`: its reads are not seen, none was a comparison
         scope = self.script.scope_of(definition.statement)
         for read in self.facts.uses.reads(definition.target.value, scope):
             if self._compare_use(read, definition) == "compare":

@@ -236,11 +236,11 @@ def string_verdict(uses: Optional[list], name: str) -> str:
     "rewrite" it to the runtime's device when it is passed on as a device and
     otherwise at most printed or compared with a type (the comparison then
     reads `.type`); "skip" a string never used as a device whose name does not
-    say device, or that is read as a device type (`device_type=`); "report"
-    the rest."""
+    say device, or says or is read as a device type (`device_type`, autocast's
+    `device_type=`); "report" the rest."""
     if uses is not None and set(uses) <= {"device", "text", "compare"} and "device" in uses:
         return "rewrite"
     if uses is not None and "device" not in uses:
-        if "dev" not in name.lower() or (None not in uses and "type" in uses):
+        if "dev" not in name.lower() or name.lower().endswith("type") or "type" in uses:
             return "skip"
     return "report"

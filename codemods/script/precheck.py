@@ -29,9 +29,9 @@ LOCAL_RANK_FLAGS = frozenset({"--local_rank", "--local-rank"})
 # AM530); tests/test_script_model.py checks that they are the codemods' own.
 DDP_ADDED_NAMES = frozenset(
     {
-        "DistributedDataParallel", "SeededDistributedSampler", "barrier", "ddp_device_ids", "init_distributed",
-        "is_distributed", "is_main_process", "per_process_batch_size", "rank_local_buffers", "rank_zero_decides",
-        "unwrap_model", "world_size",
+        "DistributedDataParallel", "SeededDistributedSampler", "barrier", "ddp_device_ids", "draw_rank_share",
+        "init_distributed", "is_distributed", "is_main_process", "per_process_batch_size", "rank_local_buffers",
+        "rank_zero_decides", "sum_gradients_across_ranks", "unwrap_model", "world_size",
     }
 )  # fmt: skip
 FSDP_ADDED_NAMES = frozenset({"shard_model", "save_full_state_dict", "load_full_state_dict"})
