@@ -4,12 +4,9 @@ terminal escape sequences or line breaks."""
 
 import json
 import os
-import pwd
 import shutil
-import site
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,95 +24,49 @@ def invoke(*args: str):
 
 # --- folders that cannot be entered (mode 000) or listed (mode 311) ----------------------------
 #
-# Permissions stop no one running as root: there the command runs as `nobody`
-# (its privileges dropped before the interpreter starts) on a tree that
-# `nobody` owns, as a user meets these folders.
+# Permissions stop no one running as root: there the command runs without the
+# two capabilities that override them (dropped from its bounding set by
+# util-linux's setpriv before the interpreter starts), so root meets these
+# folders as their owner would, in this very interpreter and environment.
 
-# Starts the command in an interpreter that may not be the virtual
-# environment's own (nobody may be unable to execute that one): the
-# environment's packages, the editable install's included, are added to it.
-BOOT = (
-    "import runpy, site, sys; [site.addsitedir(folder) for folder in sys.argv.pop(1).split(':')]; "
-    "sys.argv[0] = 'accelmigrate'; runpy.run_module('accelmigrate', run_name='__main__')"
-)
+OVERRIDES = "-dac_override,-dac_read_search"
 
 
-def _unprivileged_user():
-    """(uid, gid) to run the command as, None for the current user (not root)."""
+def _permissions_enforced() -> list:
+    """The prefix that makes the command obey permission bits: none for a
+    user who is not root; for root, setpriv without the overriding capabilities."""
     if os.geteuid() != 0:
-        return None
-    try:
-        entry = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("running as root, and there is no user `nobody` to drop to")
-    return entry.pw_uid, entry.pw_gid
-
-
-def _as_user(user):
-    if user is None:
-        return None
-
-    def drop() -> None:
-        os.setgroups([])
-        os.setgid(user[1])
-        os.setuid(user[0])
-
-    return drop
-
-
-def _interpreters() -> list:
-    """This interpreter, and the same Python version installed elsewhere."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    found = [sys.executable, getattr(sys, "_base_executable", ""), shutil.which(version), f"/usr/bin/{version}"]
-    return list(dict.fromkeys(path for path in found if path and os.path.exists(path)))
-
-
-def _run(interpreter: str, user, args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [interpreter, "-c", BOOT, ":".join(site.getsitepackages()), *args],
-        cwd=cwd, env={**os.environ, "HOME": str(cwd)}, capture_output=True, text=True, timeout=300,
-        preexec_fn=_as_user(user),
-    )
-
-
-def _runner(user, cwd: Path):
-    """`run(*args)`: the command as USER, in an interpreter that user can start
-    and that imports the checkout; skips when there is none."""
-    for interpreter in _interpreters():
-        try:
-            if _run(interpreter, user, ["--version"], cwd).returncode == 0:
-                return lambda *args: _run(interpreter, user, args, cwd)
-        except PermissionError:  # not executable by that user
-            continue
-    pytest.skip("no Python interpreter that the unprivileged user can run imports this checkout")
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root, and util-linux's setpriv (to drop the overriding capabilities) is missing")
+    return [setpriv, f"--bounding-set={OVERRIDES}", f"--inh-caps={OVERRIDES}"]
 
 
 @pytest.fixture
-def locked_tree():
-    """A project (owned by the user the command runs as) with `ok/train.py`,
-    `locked/` (mode 000) and `unlisted/` (mode 311), each holding a script
-    with a finding; yields (run, project), run(*args) running the command
-    there as that user."""
-    user = _unprivileged_user()
-    top = Path(tempfile.mkdtemp(prefix="accelmigrate-locked-"))  # not under pytest's root-only tmp folder
-    project = top / "project"
+def locked_tree(tmp_path):
+    """A project with `ok/train.py`, `locked/` (mode 000) and `unlisted/`
+    (mode 311), each holding a script with a finding; yields (run, project),
+    run(*args) running the command there with permissions enforced."""
+    project = tmp_path / "project"
+    for folder in ("ok", "locked", "unlisted"):
+        (project / folder).mkdir(parents=True)
+        (project / folder / "train.py").write_text(LOOP_WITH_EMPTY_CACHE)
+    prefix = _permissions_enforced()
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "accelmigrate", *args],
+            cwd=project, env={**os.environ, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=300,
+        )
+
+    (project / "locked").chmod(0)
+    (project / "unlisted").chmod(0o311)
     try:
-        for folder in ("ok", "locked", "unlisted"):
-            (project / folder).mkdir(parents=True)
-            (project / folder / "train.py").write_text(LOOP_WITH_EMPTY_CACHE)
-        if user is not None:
-            for path in [top, project, *project.rglob("*")]:
-                os.chown(path, *user)
-        top.chmod(0o755)
-        run = _runner(user, project)
-        (project / "locked").chmod(0)
-        (project / "unlisted").chmod(0o311)
         yield run, project
     finally:
         for folder in ("locked", "unlisted"):
-            if (project / folder).exists():
-                (project / folder).chmod(0o755)
-        shutil.rmtree(top)
+            (project / folder).chmod(0o755)
 
 
 def _no_traceback(done: subprocess.CompletedProcess) -> None:
