@@ -54,7 +54,7 @@ from accelmigrate.codemods import Codemod, Finding, all_codemods, resolve
 from accelmigrate.codemods._base import ALL_CODES, Suppressions
 from accelmigrate.codemods.script import SourceFacts, precheck, words_that_may_apply
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
-from accelmigrate.import_order import _first_party_roots, place_new_imports
+from accelmigrate.import_order import first_party_layout, place_new_imports
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
@@ -697,32 +697,13 @@ def _cached_outcome(
 ) -> Outcome:
     if cache is None:
         return _outcome(source.text, path, plan, check_only, black_config, line_length)
-    key = cache.key(path, source, "" if check_only else _first_party_layout(path))
+    key = cache.key(path, source, "" if check_only else first_party_layout(path))
     outcome = cache.get(key, source)
     if outcome is None or not _still_parses(outcome, path):
         outcome = _outcome(source.text, path, plan, check_only, black_config, line_length)
         if not any(f.code == CODEMOD_FAILED for f in outcome.findings):  # a failure may not recur (memory, a bug fixed)
             cache.put(key, outcome, source)
     return outcome
-
-
-def _first_party_layout(path: str) -> str:
-    """What import sorting reads of the file system to call an import first
-    party (`import_order`): the modules and packages in the project's roots.
-    A cached migration holds only for the same layout (a local package that
-    appears moves an import to another section)."""
-    names = []
-    for root in _first_party_roots(path):
-        try:
-            with os.scandir(root) as entries:
-                names += sorted(
-                    f"{root}{os.sep}{entry.name}"
-                    for entry in entries
-                    if entry.name.removesuffix(".py").isidentifier() and (entry.name.endswith(".py") or entry.is_dir())
-                )
-        except OSError:
-            continue  # no such folder: nothing there is first party
-    return "\n".join(names)
 
 
 def _still_parses(outcome: Outcome, path: str) -> bool:

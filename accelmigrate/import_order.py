@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -115,6 +116,25 @@ def _first_party_roots(path: Optional[str]) -> list[Path]:
     folder = Path(path).resolve().parent
     root = next((f for f in [folder, *folder.parents] if (f / "pyproject.toml").is_file()), folder)
     return [root, root / "src"]
+
+
+def first_party_layout(path: str) -> str:
+    """What import sorting reads of the file system to call an import first
+    party (`_section`): the modules and packages in the project's roots.
+    A cached migration holds only for the same layout (a local package that
+    appears moves an import to another section)."""
+    names = []
+    for root in _first_party_roots(path):
+        try:
+            with os.scandir(root) as entries:
+                names += sorted(
+                    f"{root}{os.sep}{entry.name}"
+                    for entry in entries
+                    if entry.name.removesuffix(".py").isidentifier() and (entry.name.endswith(".py") or entry.is_dir())
+                )
+        except OSError:
+            continue  # no such folder: nothing there is first party
+    return "\n".join(names)
 
 
 def _section(node: ast.stmt, first_party: Sequence[Path]) -> tuple[int, str]:
