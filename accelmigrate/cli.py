@@ -19,15 +19,16 @@ import click
 
 from accelmigrate import __version__, lint
 from accelmigrate.cache import cache_folder
-from accelmigrate.codemods import DEFAULT_WORDS, UnknownCodemod, all_codemods, parse_words, resolve
-from accelmigrate.config import Config, ConfigError, common_start, load_config
-from accelmigrate.engine import CODEMOD_FAILED, FileResult, plan_of, process_files
+from accelmigrate.codemods import DEFAULT_WORDS, all_codemods
+from accelmigrate.config import Config
+from accelmigrate.engine import CODEMOD_FAILED, FileResult, process_files
 from accelmigrate.explain import all_entries, code_entry, codemod_entry, entry_text, page, presets, resolve_name
 from accelmigrate.path_arguments import PathsCommand
+from accelmigrate.selection import EXIT_ERROR, UsageError, config_for, plan_for
 from accelmigrate.report import Reporter
 from accelmigrate.sources import iter_python_files
 
-EXIT_OK, EXIT_PENDING, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_PENDING = 0, 1
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -38,39 +39,10 @@ Exit codes:
      processed, or a codemod that failed on a file (AM000)"""
 
 
-class UsageError(click.UsageError):
-    exit_code = EXIT_ERROR
-
-
 @click.group(epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="accelmigrate")
 def main() -> None:
     """Migrate PyTorch training scripts to fast, idiomatic PyTorch, as a reviewable diff."""
-
-
-def _config_for(paths: Sequence[str]) -> Config:
-    try:
-        return load_config(common_start(paths))
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-
-
-def _plan(words: Optional[str], config: Config, default: Sequence[str]):
-    """The codemods to run: --to's words, else the config's, else `default`.
-    A mistake is reported where it was made: the command line or pyproject.toml."""
-    if words is not None:
-        spec, source = words, "--to"
-    elif config.to is not None:
-        spec, source = config.to, f"{config.path}: [tool.accelmigrate] 'to'"
-    else:
-        spec, source = list(default), "the default words"
-    try:
-        selected = parse_words(spec)
-        if not selected:
-            raise UnknownCodemod("names no codemod; see `accelmigrate list`")
-        return plan_of(resolve(selected, config.options))
-    except UnknownCodemod as error:
-        raise UsageError(f"{source}: {error}") from None
 
 
 def _files(paths: Sequence[str], exclude: Sequence[str], config: Config, reporter: Reporter) -> tuple[list[str], int]:
@@ -171,8 +143,8 @@ def with_common_options(function):
 def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_run, show_fixes) -> None:
     """Rewrite PATHS (files or folders) in place with the chosen codemods."""
     reporter = Reporter()
-    config = _config_for(paths)
-    plan = _plan(words, config, DEFAULT_WORDS)
+    config = config_for(paths)
+    plan = plan_for(words, config, DEFAULT_WORDS)
     files, folder_errors = _files(paths, exclude, config, reporter)
     results = _run(
         files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length, cache_folder=_cache_folder(config, no_cache)
@@ -212,8 +184,8 @@ def check(paths, exclude, jobs, output_format, no_cache, show_notes, words) -> N
     """Report what to act on in PATHS, writing nothing (for CI and pre-commit).
     A fixable finding is marked [*], with the command that fixes it."""
     reporter = Reporter()
-    config = _config_for(paths)
-    plan = _plan(words, config, DEFAULT_WORDS)
+    config = config_for(paths)
+    plan = plan_for(words, config, DEFAULT_WORDS)
     files, folder_errors = _files(paths, exclude, config, reporter)
     results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache))
     shown = {r.path: lint.visible(r.findings, show_notes=show_notes) for r in results}

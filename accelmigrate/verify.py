@@ -42,6 +42,7 @@ import click
 
 from accelmigrate.codemods import DEFAULT_WORDS
 from accelmigrate.engine import MigrationError, migrate_source
+from accelmigrate.selection import config_for, plan_for
 from accelmigrate.sources import InputError, SourceText, read_source
 from accelmigrate.torch_check import require_torch
 from accelmigrate.verify_runs import RECORDER, RunFailed, Stopped, Workspace, stop_on_signals
@@ -107,9 +108,7 @@ def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
 def migrated_copy(script: Path, words_spec: Optional[str]) -> tuple[SourceText, SourceText, dict[str, dict[str, str]]]:
     """(original, migrated copy, words with options) of SCRIPT: the words of
     --to, else of `[tool.accelmigrate]`, with its options, as `apply` takes them."""
-    from accelmigrate.cli import _config_for, _plan  # here: cli imports this module
-
-    plan = _plan(words_spec, _config_for([str(script)]), DEFAULT_WORDS)
+    plan = plan_for(words_spec, config_for([str(script)]), DEFAULT_WORDS)
     try:
         source = read_source(script)
         migration = migrate_source(source.text, plan, str(script))

@@ -1,0 +1,44 @@
+"""What a command runs: the nearest `[tool.accelmigrate]` and the codemods
+chosen by --to, the config or the defaults, as `apply`, `check` and `verify`
+all take them (so verify checks the migration that apply writes)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import click
+
+from accelmigrate.codemods import UnknownCodemod, parse_words, resolve
+from accelmigrate.config import Config, ConfigError, common_start, load_config
+from accelmigrate.engine import plan_of
+
+EXIT_ERROR = 2
+
+
+class UsageError(click.UsageError):
+    exit_code = EXIT_ERROR
+
+
+def config_for(paths: Sequence[str]) -> Config:
+    try:
+        return load_config(common_start(paths))
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+
+
+def plan_for(words: Optional[str], config: Config, default: Sequence[str]):
+    """The codemods to run: --to's words, else the config's, else `default`.
+    A mistake is reported where it was made: the command line or pyproject.toml."""
+    if words is not None:
+        spec, source = words, "--to"
+    elif config.to is not None:
+        spec, source = config.to, f"{config.path}: [tool.accelmigrate] 'to'"
+    else:
+        spec, source = list(default), "the default words"
+    try:
+        selected = parse_words(spec)
+        if not selected:
+            raise UnknownCodemod("names no codemod; see `accelmigrate list`")
+        return plan_of(resolve(selected, config.options))
+    except UnknownCodemod as error:
+        raise UsageError(f"{source}: {error}") from None
