@@ -1,0 +1,1 @@
+"""Helpers of the accelerate codemod (codemods/accelerate.py)."""
