@@ -2,15 +2,20 @@
 
 Builds one file of about 10 KB, 100 KB, 1 MB and 5 MB of training code and
 prints, for each size, the CPU time and peak memory of the stages below.
-Two shapes of file: `functions` (copies of a small realistic script, each
-with its own function and class names) and `flat` (copies of a flat
+Three shapes of file: `functions` (copies of a small realistic script, each
+with its own function and class names), `flat` (copies of a flat
 tutorial-style block at module level, which binds the same names again in
-every copy: the worst case for any look-up that goes over a name's bindings):
+every copy: the worst case for any look-up that goes over a name's bindings)
+and `one-line` (a short training loop after a table of numbers written on
+one line, as generated code or an embedded look-up table is):
 
   (a) ast.parse + the pre-check (`accelmigrate.codemods.script.precheck`),
   (b) libcst.parse_module + the script model (`ScriptModel.of`),
   (c) the current `accelmigrate.engine.migrate_source` with every codemod, in
-      check mode (what `accelmigrate check` runs).
+      check mode (what `accelmigrate check` runs),
+  (d) what `accelmigrate apply --to empty-cache --diff` runs on the file:
+      the codemod, then fitting the output to the file's style (black
+      deciding whether the file is black-formatted, the new lines fitted).
 
 Each measurement runs in a fresh interpreter, so peak memory
 (`ru_maxrss`) is that one stage's, over an interpreter that has only
@@ -18,7 +23,7 @@ imported the tool. Stage (c) skips the sizes after one that ran past the
 budget ("skipped: over budget"). Time per KB should stay about constant
 for (a) and (b).
 
-    python benchmarks/scaling.py [--sizes 10,100,1000,5000] [--budget 120] [--shape functions|flat]
+    python benchmarks/scaling.py [--sizes 10,100,1000,5000] [--budget 120] [--shape functions|flat|one-line] [--stages abcd]
 """
 
 from __future__ import annotations
@@ -130,16 +135,35 @@ if __name__ == "__main__":
     main0(parser.parse_args())
 '''
 
+ONE_LINE_LOOP = '''
+
+model = nn.Linear(20, 4)
+optimizer = optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(torch.randn(8, 20)), torch.randint(0, 4, (8,)))
+    loss.backward()
+    optimizer.step()
+    torch.cuda.empty_cache()
+'''
+
 STAGES = {
     "a": "ast.parse + precheck",
     "b": "libcst.parse_module + ScriptModel",
     "c": "migrate_source, every codemod (check mode)",
+    "d": "apply --to empty-cache (codemod + fitting)",
 }
 
 
 def training_code(kilobytes: int, shape: str = "functions") -> str:
     """About `kilobytes` KB of training code: copies of TEMPLATE (with a main
-    guard), or of FLAT_BLOCK."""
+    guard), of FLAT_BLOCK, or one line of numbers before ONE_LINE_LOOP."""
+    if shape == "one-line":
+        numbers, count = [], 0
+        while count < kilobytes * 1024:
+            numbers.append(str(len(numbers)))
+            count += len(numbers[-1]) + 2
+        return f"{HEADER}\nTABLE = [{', '.join(numbers)}]\n{ONE_LINE_LOOP}"
     block = TEMPLATE if shape == "functions" else FLAT_BLOCK
     parts = [HEADER]
     size, i = len(HEADER), 0
@@ -185,6 +209,20 @@ def _stage(stage: str):
             model = ScriptModel.of(libcst.parse_module(source))
             return f"{len(model.training_steps)} training steps"
 
+    elif stage == "d":
+        import os
+        import tempfile
+
+        from accelmigrate.engine import process_file
+
+        def run(source):
+            with tempfile.TemporaryDirectory() as folder:
+                path = os.path.join(folder, "generated.py")
+                with open(path, "w", encoding="utf-8") as file:
+                    file.write(source)
+                result = process_file(path, [("empty-cache", {})], black_config={})
+            return "changed" if result.changed else f"unchanged {result.error or ''}".strip()
+
     else:
         from accelmigrate.codemods import resolve
         from accelmigrate.engine import migrate_source
@@ -214,7 +252,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10,100,1000,5000", help="file sizes in KB")
     parser.add_argument("--budget", type=float, default=120.0, help="CPU seconds (c) may take before larger sizes are skipped")
     parser.add_argument("--stages", default="abc")
-    parser.add_argument("--shape", choices=("functions", "flat"), default="functions")
+    parser.add_argument("--shape", choices=("functions", "flat", "one-line"), default="functions")
     parser.add_argument("--child", nargs=2, metavar=("STAGE", "KB"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -230,7 +268,7 @@ def main() -> None:
             if over:
                 print(f"{label:44} {kilobytes:>9} skipped: over budget")
                 continue
-            limit = args.budget * 2 + 30 if stage == "c" else 1200.0  # wall-clock seconds
+            limit = args.budget * 2 + 30 if stage in "cd" else 1200.0  # wall-clock seconds
             result = _child(stage, kilobytes, limit, args.shape)
             if result is None:
                 print(f"{label:44} {kilobytes:>9} skipped: over budget (stopped after {limit:.0f} s)")
@@ -238,7 +276,7 @@ def main() -> None:
                 continue
             per_kb = 1000 * result["cpu"] / result["kb"]
             print(f"{label:44} {result['kb']:>9.0f} {result['cpu']:>8.2f} {per_kb:>7.2f} {result['peak_mb']:>8.0f}  {result['detail']}")
-            over = stage == "c" and result["cpu"] > args.budget
+            over = stage in "cd" and result["cpu"] > args.budget
         sys.stdout.flush()
 
 
