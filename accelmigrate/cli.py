@@ -6,10 +6,17 @@ Exit codes (every command):
   2  usage error, a folder without Python files or that cannot be listed, an
      input that could not be processed, or a codemod that failed on a file
      (AM000)
+
+Start-up costs what the command uses: the commands that run scripts (`run`,
+`profile`, `verify`, `slurm`) and the language server are imported only when
+invoked (or their help is asked for), and `check` or `apply` of files that no
+codemod can touch imports neither LibCST, black nor rich.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -18,17 +25,16 @@ from typing import Optional, Sequence
 import click
 
 from accelmigrate import __version__, lint
-from accelmigrate.cache import cache_folder
-from accelmigrate.codemods import DEFAULT_WORDS, all_codemods
+from accelmigrate.codemods import DEFAULT_WORDS, infos
 from accelmigrate.config import Config
-from accelmigrate.engine import CODEMOD_FAILED, FileResult, process_files
-from accelmigrate.explain import all_entries, code_entry, codemod_entry, entry_text, page, presets, resolve_name
+from accelmigrate.engine import CODEMOD_FAILED, UNKNOWN_CODE_IN_CONFIG, FileResult, known_codes, process_files, process_text
 from accelmigrate.path_arguments import PathsCommand
 from accelmigrate.selection import EXIT_ERROR, UsageError, config_for, plan_for
 from accelmigrate.report import Reporter
-from accelmigrate.sources import iter_python_files
+from accelmigrate.sources import InputError, decode_source, iter_python_files
 
 EXIT_OK, EXIT_PENDING = 0, 1
+STDIN = "-"
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -39,7 +45,61 @@ Exit codes:
      processed, or a codemod that failed on a file (AM000)"""
 
 
-@click.group(epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose heavier commands are imported when invoked or when their
+    help is asked for: `lazy` maps a name to `module:attribute` and the short
+    help the group's own help lists."""
+
+    lazy = {
+        "run": ("accelmigrate.runner:run_command", "Run a training script on this machine's GPUs (torchrun when several)."),
+        "profile": ("accelmigrate.profiler:profile_command", "Profile a few training steps of a script: where its time goes."),
+        "verify": ("accelmigrate.verify:verify_command", "Check that the migrated script trains as the original does."),
+        "server": ("accelmigrate.server:server_command", "Language server over stdio: findings and fixes in an editor."),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *(name for name in self.lazy if self._known(name))})
+
+    def _known(self, name: str) -> bool:
+        """Whether a lazy command's module exists (found, not imported)."""
+        module = self.lazy[name][0].partition(":")[0]
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    def get_command(self, ctx: click.Context, name: str) -> Optional[click.Command]:
+        command = super().get_command(ctx, name)
+        if command is not None or name not in self.lazy:
+            return command
+        target = self.lazy[name][0]
+        module, _, attribute = target.partition(":")
+        try:
+            command = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise click.ClickException(f"the `{name}` command is not available here ({target}: {error})") from None
+        self.add_command(command, name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands' list, the lazy ones by their stored help (nothing imported)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy and name not in self.commands:
+                rows.append((name, self.lazy[name][1]))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - max(len(n) for n in self.list_commands(ctx)))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+import importlib.util  # noqa: E402 (LazyGroup's find_spec)
+
+
+@click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="accelmigrate")
 def main() -> None:
     """Migrate PyTorch training scripts to fast, idiomatic PyTorch, as a reviewable diff."""
@@ -67,6 +127,8 @@ def _cache_folder(config: Config, no_cache: bool) -> Optional[Path]:
     pyproject.toml, else the current one), unless --no-cache."""
     if no_cache:
         return None
+    from accelmigrate.cache import cache_folder
+
     return cache_folder(config.path.parent if config.path is not None else Path.cwd())
 
 
@@ -119,14 +181,105 @@ def format_option(*formats: str):
     )
 
 
+def _codes(value: Sequence[str]) -> Optional[list[str]]:
+    """Repeatable, comma-separated codes or prefixes, upper-cased (None: not given)."""
+    codes = [code.strip().upper() for chunk in value for code in chunk.split(",") if code.strip()]
+    return codes if value else None
+
+
 common_options = [
     click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False)),  # reading says why not
+    click.option(
+        "--stdin-filename", metavar="PATH",
+        help="With PATH `-`: the name of the text read from stdin (for the configuration, the messages, notebooks).",
+    ),
+    click.option(
+        "--select", multiple=True, metavar="CODES",
+        help="Only these finding codes, or prefixes (AM1, AM501), comma-separated; replaces the config's `select`.",
+    ),
+    click.option(
+        "--ignore", multiple=True, metavar="CODES",
+        help="Never these codes or prefixes (added to the config's `ignore`); the longer prefix wins over --select. "
+        "apply leaves what they would fix alone.",
+    ),
     click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files or folders matching GLOB (repeatable)."),
     click.option("--jobs", "-j", type=click.IntRange(1), default=None, help="Worker processes (default: CPU count)."),
     format_option("text", "json", "github", "sarif"),
     click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache (.accelmigrate_cache/)."),
     click.option("--show-notes", is_flag=True, help="Also show notes: findings that need no action (they never fail)."),
 ]
+
+SKIP_HELP = """\b
+Skip marks (comments in the file):
+  # accelmigrate: skip               this line: every code
+  # accelmigrate: skip[AM101,AM201]  this line: these codes
+  # accelmigrate: skip-file          the whole file, no codemod runs
+  # accelmigrate: skip-file[AM101]   these codes anywhere in the file
+A mark naming an unknown code is reported (AM002), and a code of a mark
+that silenced nothing (AM004); an unknown code in select, ignore or
+per-file-ignores of [tool.accelmigrate] too (AM003)."""
+
+
+def _with_codes(config: Config, select: Sequence[str], ignore: Sequence[str]) -> Config:
+    """The config with --select (replacing its `select`) and --ignore (added
+    to its `ignore`); a code or prefix of the command line that names no
+    code is a usage error."""
+    chosen, ignored = _codes(select), _codes(ignore) or []
+    known = known_codes()
+    for flag, codes in (("--select", chosen or []), ("--ignore", ignored)):
+        unknown = [code for code in codes if not any(k.startswith(code) for k in known)]
+        if unknown:
+            raise UsageError(f"{flag}: unknown code(s) {', '.join(unknown)}; see `accelmigrate list`")
+    return dataclasses.replace(
+        config, select=chosen if chosen is not None else config.select, ignore=[*config.ignore, *ignored]
+    )
+
+
+def _config_findings(config: Config) -> dict[str, list]:
+    """Codes in [tool.accelmigrate] that name no code (AM003), as findings of pyproject.toml."""
+    if config.path is None:
+        return {}
+    known = known_codes()
+    unknown = [(code, key) for code, key in config.codes().prefixes() if not code or not any(k.startswith(code.upper()) for k in known)]
+    if not unknown:
+        return {}
+    from accelmigrate.codemods import Finding
+
+    try:
+        lines = config.path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    found = []
+    for code, key in unknown:
+        line, column = next(
+            ((n, text.index(f'"{code}"') + 1) for n, text in enumerate(lines, 1) if f'"{code}"' in text), (1, 1)
+        )
+        found.append(Finding(line, column, UNKNOWN_CODE_IN_CONFIG, f"[tool.accelmigrate] {key}: unknown code {code!r}; see `accelmigrate list`", False, ""))
+    return {str(config.path): sorted(found)}
+
+
+def _from_stdin(name: str, plan, config: Config, *, check_only: bool) -> FileResult:
+    """The text on stdin, processed as a file named `name` (never read or written)."""
+    data = sys.stdin.buffer.read()
+    try:
+        text = decode_source(Path(name), data).text
+    except InputError as error:
+        return FileResult(name, error=str(error))
+    silenced = config.codes().silenced(name, known_codes())
+    return process_text(
+        name, text, plan, check_only=check_only, black_config=config.black, line_length=config.line_length, silenced=silenced
+    )
+
+
+def _stdin_paths(paths: Sequence[str], stdin_filename: Optional[str]) -> Optional[str]:
+    """The name of stdin's text when PATHS is `-`; None for files."""
+    if STDIN not in paths:
+        if stdin_filename is not None:
+            raise UsageError("--stdin-filename goes with the path `-` (the text read from stdin)")
+        return None
+    if len(paths) != 1:
+        raise UsageError("`-` (read stdin) cannot be given with other paths")
+    return stdin_filename or STDIN
 
 
 def with_common_options(function):
@@ -135,21 +288,27 @@ def with_common_options(function):
     return function
 
 
-@main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP)
+@main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP + "\n\n" + SKIP_HELP)
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
 @click.option("--show-fixes", is_flag=True, help="Also list each change made, at its line.")
-def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_run, show_fixes) -> None:
-    """Rewrite PATHS (files or folders) in place with the chosen codemods."""
+def apply(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, words, dry_run, show_fixes) -> None:
+    """Rewrite PATHS (files or folders) in place with the chosen codemods.
+    With PATH `-`, read stdin and print the migrated text to stdout (the
+    findings and the summary go to stderr)."""
     reporter = Reporter()
-    config = config_for(paths)
+    stdin_name = _stdin_paths(paths, stdin_filename)
+    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths)), select, ignore)
     plan = plan_for(words, config, DEFAULT_WORDS)
+    if stdin_name is not None:
+        _apply_stdin(stdin_name, plan, config, reporter, dry_run=dry_run, show_notes=show_notes, output_format=output_format)
     files, folder_errors = _files(paths, exclude, config, reporter)
     results = _run(
-        files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length, cache_folder=_cache_folder(config, no_cache)
+        files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length,
+        cache_folder=_cache_folder(config, no_cache), codes=config.codes(),
     )
-    left = {r.path: lint.visible(r.findings, show_notes=show_notes, unfixed_only=True) for r in results}
+    left = {r.path: lint.reported(r.findings, path=r.path, config=config, show_notes=show_notes, unfixed_only=True) for r in results}
     changed = [r for r in results if r.changed]
     verb = "would change" if dry_run else "changed"
     if output_format == "text":
@@ -160,7 +319,7 @@ def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_
             reporter.findings({r.path: [f for f in r.findings if f.fixed] for r in changed}, check=False)
         reporter.changed_files(results, verb=verb)
     if output_format == "json":  # a record of what was done too
-        reporter.results_json(results, {r.path: lint.visible(r.findings, show_notes=show_notes) for r in results})
+        reporter.results_json(results, {r.path: lint.reported(r.findings, path=r.path, config=config, show_notes=show_notes) for r in results})
     else:
         _report(reporter, output_format, results, left, plan, check=False)
     unreadable = reporter.errors(results)
@@ -177,40 +336,73 @@ def apply(paths, exclude, jobs, output_format, no_cache, show_notes, words, dry_
     sys.exit(EXIT_PENDING if dry_run and changed else EXIT_OK)
 
 
-@main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP)
+def _apply_stdin(name: str, plan, config: Config, reporter: Reporter, *, dry_run: bool, show_notes: bool, output_format: str) -> None:
+    """`apply -`: the migrated text on stdout (or, with --diff, the diff), the
+    findings left and the summary on stderr; on an error nothing on stdout."""
+    result = _from_stdin(name, plan, config, check_only=False)
+    left = lint.reported(result.findings, path=name, config=config, show_notes=show_notes, unfixed_only=True)
+    if output_format == "json":
+        reporter.results_json([result], {name: lint.reported(result.findings, path=name, config=config, show_notes=show_notes)})
+    elif result.error is None:
+        if dry_run:
+            if result.changed:
+                reporter.diff(result)
+        else:
+            reporter.write(result.migrated)
+    from accelmigrate.report import finding_line
+
+    for finding in left:
+        reporter.note(finding_line(name, finding, check=False, plan=plan))
+    if reporter.errors([result]) or _codemod_failures([result]):
+        sys.exit(EXIT_ERROR)
+    reporter.note(f"{1 if result.changed else 0} file(s) {'would change' if dry_run else 'changed'} (stdin)")
+    sys.exit(EXIT_PENDING if dry_run and result.changed else EXIT_OK)
+
+
+@main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP + "\n\n" + SKIP_HELP)
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Only these codemods (default: {','.join(DEFAULT_WORDS)}, as apply).")
-def check(paths, exclude, jobs, output_format, no_cache, show_notes, words) -> None:
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings (errors still exit 2).")
+def check(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, words, exit_zero) -> None:
     """Report what to act on in PATHS, writing nothing (for CI and pre-commit).
-    A fixable finding is marked [*], with the command that fixes it."""
+    A fixable finding is marked [*], with the command that fixes it. PATH `-`
+    reads the file's text from stdin (name it with --stdin-filename)."""
     reporter = Reporter()
-    config = config_for(paths)
+    stdin_name = _stdin_paths(paths, stdin_filename)
+    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths)), select, ignore)
     plan = plan_for(words, config, DEFAULT_WORDS)
-    files, folder_errors = _files(paths, exclude, config, reporter)
-    results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache))
-    shown = {r.path: lint.visible(r.findings, show_notes=show_notes) for r in results}
+    if stdin_name is not None:
+        files, folder_errors = [], 0
+        results = [_from_stdin(stdin_name, plan, config, check_only=True)]
+    else:
+        files, folder_errors = _files(paths, exclude, config, reporter)
+        results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache), codes=config.codes())
+    shown = {r.path: lint.reported(r.findings, path=r.path, config=config, show_notes=show_notes) for r in results}
+    extra = {path: lint.reported(found, path=path, config=config) for path, found in _config_findings(config).items()}
+    shown.update({path: found for path, found in extra.items() if found})
     _report(reporter, output_format, results, shown, plan, check=True)
     unreadable = reporter.errors(results)
     failures = _codemod_failures(results)
     failing = [f for found in shown.values() for f in lint.failing(found)]
     if output_format == "text":
-        reporter.note(_check_summary(results, failing, plan, unreadable, show_notes) + failures)
-    sys.exit(EXIT_ERROR if unreadable or folder_errors or failures else (EXIT_PENDING if failing else EXIT_OK))
+        reporter.note(_check_summary(results, failing, plan, unreadable, show_notes, shown) + failures)
+    pending = EXIT_PENDING if failing and not exit_zero else EXIT_OK
+    sys.exit(EXIT_ERROR if unreadable or folder_errors or failures else pending)
 
 
-def _check_summary(results, failing, plan, errors: int, show_notes: bool) -> str:
+def _check_summary(results, failing, plan, errors: int, show_notes: bool, shown=None) -> str:
     """`3 finding(s) in 2 of 5 file(s) checked ([*] 2 fixable with `accelmigrate
     apply --to workers`)`, and what could not be checked: a file that was not
     read never counts as one without findings."""
     checked = sum(1 for r in results if not r.error)
     parts = []
     if failing:
-        with_findings = sum(1 for r in results if lint.failing(r.findings))
+        with_findings = sum(1 for r in results if lint.failing(shown[r.path] if shown is not None else r.findings))
         parts.append(f"{len(failing)} finding(s) in {with_findings} of {checked} file(s) checked")
         fixable = [f for f in failing if f.fixed]
         if fixable:
             fixing = {f.word for f in fixable}
-            words = ",".join(lint.word_spec(word, plan) for word in all_codemods() if word in fixing)
+            words = ",".join(lint.word_spec(word, plan) for word in infos() if word in fixing)
             parts[-1] += f" ([*] {len(fixable)} fixable with `accelmigrate apply --to {words}`)"
     elif checked or not errors:
         parts.append(f"no findings in {checked} file(s) checked")
@@ -226,6 +418,10 @@ def _check_summary(results, failing, plan, errors: int, show_notes: bool) -> str
 @format_option("text", "json")
 def list_codemods(output_format: str) -> None:
     """List the codemods (word, finding codes, summary) and the presets."""
+    from accelmigrate.codemods import all_codemods
+    from accelmigrate.explain import all_entries, presets
+    from accelmigrate.report import rich_console
+
     reporter = Reporter()
     if output_format == "json":
         reporter.json({"default": list(DEFAULT_WORDS), "presets": {k: list(v) for k, v in presets().items()}, "codemods": all_entries()})
@@ -239,6 +435,7 @@ def list_codemods(output_format: str) -> None:
         default = " (default)" if word in DEFAULT_WORDS else ""
         codes = ", ".join(code + (" (note)" if code in cls.notes else "") for code in cls.codes)
         table.add_row(word + default, codes, cls.summary)
+    reporter.out = rich_console()  # a table, on a terminal or not
     reporter.out.print(table)
     if presets():
         reporter.out.print("\npresets (--to NAME):", markup=False)
@@ -251,6 +448,8 @@ def list_codemods(output_format: str) -> None:
 @format_option("text", "json")
 def explain(name: str, output_format: str) -> None:
     """Show one finding code's entry (AM101), or a codemod's page (workers, accumulate=4)."""
+    from accelmigrate.explain import code_entry, codemod_entry, entry_text, page, resolve_name
+
     cls, code = resolve_name(name)
     if cls is None and code is None:
         raise UsageError(f"no codemod or finding code {name!r}; see `accelmigrate list`")
@@ -267,16 +466,3 @@ def explain(name: str, output_format: str) -> None:
         return
     codes = "\n".join(f"  {c}  {title}" + ("  (note)" if c in cls.notes else "") for c, title in cls.codes.items())
     reporter.out.print(f"{page(cls)}\n\nFinding codes\n{codes}", markup=False)
-
-
-def _register_commands_that_run_scripts() -> None:
-    from accelmigrate.profiler import profile_command
-    from accelmigrate.runner import run_command
-    from accelmigrate.verify import verify_command
-
-    main.add_command(run_command)
-    main.add_command(profile_command)
-    main.add_command(verify_command)
-
-
-_register_commands_that_run_scripts()

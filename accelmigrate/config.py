@@ -3,6 +3,11 @@
     [tool.accelmigrate]
     to = ["modernize", "workers", "item", "empty-cache"]   # or "workers,item"
     exclude = ["legacy/*"]
+    select = ["AM1", "AM2"]                  # only these codes (prefixes, as ruff's)
+    ignore = ["AM104"]                       # never these (the longer prefix wins)
+
+    [tool.accelmigrate.per-file-ignores]
+    "tests/*" = ["AM1"]                      # glob (relative to this file, or a file name) -> codes
 
     [tool.accelmigrate.options.workers]      # per-codemod options
     max_workers = "8"
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import os
 from pathlib import Path
 from typing import Collection, Mapping, Optional, Sequence
@@ -39,6 +45,65 @@ class Config:
     options: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     black: dict = dataclasses.field(default_factory=dict)  # [tool.black], for formatting output
     line_length: Optional[int] = None  # black's `line-length`, else ruff's: where inserted code is wrapped
+    select: Optional[list[str]] = None  # code prefixes to report (None: every code)
+    ignore: list[str] = dataclasses.field(default_factory=list)  # code prefixes never reported
+    per_file_ignores: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # glob -> code prefixes
+
+    def codes(self) -> "CodeSelection":
+        """The select/ignore settings, in a plain form worker processes can take."""
+        return CodeSelection(
+            None if self.select is None else tuple(self.select),
+            tuple(self.ignore),
+            tuple((glob, tuple(codes)) for glob, codes in self.per_file_ignores.items()),
+            str(self.path.parent) if self.path is not None else os.getcwd(),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeSelection:
+    """Which finding codes count, by prefix as ruff's `select` and `ignore`:
+    of the prefixes that match a code, the longest decides (an ignore wins a
+    tie); `per_file_ignores` adds ignores for the files its globs match
+    (relative to `root`, the configuration's folder, or the file's name)."""
+
+    select: Optional[tuple[str, ...]] = None
+    ignore: tuple[str, ...] = ()
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    root: str = "."
+
+    def ignored_for(self, path: str) -> tuple[str, ...]:
+        ignored = list(self.ignore)
+        if self.per_file_ignores:
+            name = os.path.basename(path)
+            try:
+                relative = Path(os.path.relpath(os.path.abspath(path), self.root)).as_posix()
+            except ValueError:  # another drive
+                relative = Path(path).as_posix()
+            for glob, codes in self.per_file_ignores:
+                if fnmatch.fnmatchcase(relative, glob) or fnmatch.fnmatchcase(name, glob):
+                    ignored.extend(codes)
+        return tuple(ignored)
+
+    def selects(self, code: str, path: str) -> bool:
+        return self.decides(code, self.ignored_for(path))
+
+    def decides(self, code: str, ignored: Sequence[str]) -> bool:
+        code = code.upper()
+        chosen = max((len(p) for p in (self.select if self.select is not None else ("",)) if code.startswith(p.upper())), default=-1)
+        refused = max((len(p) for p in ignored if code.startswith(p.upper())), default=-1)
+        return chosen >= 0 and chosen > refused
+
+    def silenced(self, path: str, known: Collection[str]) -> frozenset:
+        """The known codes that do not count in `path` (the codemods leave them alone)."""
+        if self.select is None and not self.ignore and not self.per_file_ignores:
+            return frozenset()
+        ignored = self.ignored_for(path)
+        return frozenset(code for code in known if not self.decides(code, ignored))
+
+    def prefixes(self) -> list[tuple[str, str]]:
+        """Every code prefix given, with the key it was given under."""
+        found = [(p, "select") for p in self.select or ()] + [(p, "ignore") for p in self.ignore]
+        return found + [(p, f"per-file-ignores {glob!r}") for glob, codes in self.per_file_ignores for p in codes]
 
 
 def find_pyproject(start: Path) -> Optional[Path]:
@@ -83,10 +148,20 @@ def load_config(start: Path) -> Config:
         if check.table(table, f"[tool.accelmigrate.options] {word!r}") is not None
     }
     check.option_names(options)
-    return Config(pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool))
+    select = section.get("select")
+    if select is not None:
+        select = check.strings(select, "[tool.accelmigrate] 'select'")
+    ignore = check.strings(section.get("ignore", []), "[tool.accelmigrate] 'ignore'")
+    per_file = {
+        str(glob): check.strings(codes, f"[tool.accelmigrate.per-file-ignores] {glob!r}")
+        for glob, codes in check.table(section.get("per-file-ignores", {}), "[tool.accelmigrate] 'per-file-ignores'").items()
+    }
+    return Config(
+        pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool), select, ignore, per_file
+    )
 
 
-SECTION_KEYS = ("to", "exclude", "options")
+SECTION_KEYS = ("to", "exclude", "options", "select", "ignore", "per-file-ignores")
 
 
 class _ReadKeys(dict):
@@ -152,7 +227,9 @@ class _Checker:
 
     def words(self, spec: list[str]) -> list[str]:
         """The `to` words, each naming a codemod."""
-        from accelmigrate.codemods import UnknownCodemod, all_codemods, parse_words
+        from accelmigrate.codemods import UnknownCodemod, infos, parse_words
+
+        all_codemods = infos
 
         try:
             words = parse_words(spec)
@@ -170,9 +247,9 @@ class _Checker:
 
     def option_names(self, options: Mapping[str, Mapping[str, str]]) -> None:
         """Each [tool.accelmigrate.options.WORD] names a codemod, and each key an option it takes."""
-        from accelmigrate.codemods import all_codemods
+        from accelmigrate.codemods import infos
 
-        registry = all_codemods()
+        registry = infos()
         for word, table in options.items():
             if word not in registry:
                 raise self.unknown(word, "[tool.accelmigrate.options]", registry)

@@ -37,30 +37,23 @@ import threading
 import tokenize
 import traceback
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-from libcst.codemod.visitors._add_imports import _skip_first  # the visitor's own test for a leading docstring
-from libcst.metadata import MetadataWrapper
-
-from accelmigrate import indentation
 from accelmigrate.cache import Outcome, ResultCache
-from accelmigrate.codemods import Codemod, Finding, all_codemods, resolve
-from accelmigrate.codemods._base import ALL_CODES, Suppressions
-from accelmigrate.codemods.script import SourceFacts, precheck, words_that_may_apply
+from accelmigrate.codemods import Finding, infos, load, resolve_infos
+from accelmigrate.codemods._finding import ALL_CODES, Suppressions
+from accelmigrate.codemods.script.precheck import SourceFacts, precheck
+from accelmigrate.codemods.script.rules import words_that_may_apply
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
 from accelmigrate.import_order import first_party_layout, place_new_imports
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
 SUPPRESSION_MARK = "accelmigrate:"
-# `skip`, `skip[AM101]`, `skip [AM101, AM201]`, `skip[AM101 AM201]`; not `skipped`.
-_SKIP = re.compile(r"accelmigrate:\s*skip\b(?:\s*\[([^\]]*)\])?")
+# `skip`, `skip[AM101]`, `skip [AM101, AM201]`, `skip[AM101 AM201]`; not `skipped`;
+# `skip-file` (no codemod runs on the file), `skip-file[AM101]` (those codes nowhere in it).
+_SKIP = re.compile(r"accelmigrate:\s*skip(-file)?(?![\w-])(?:\s*\[([^\]]*)\])?")
 
 # Selected codemods with their options; a plain, picklable description so that
 # worker processes can rebuild it.
@@ -91,6 +84,20 @@ NOT_IN_NOTEBOOK = "AM001"
 RESTRUCTURING_WORDS = frozenset({"main-guard", "ddp"})
 # Engine codes that need no action (hidden by `check` unless --show-notes).
 NOTES = frozenset({NOT_IN_NOTEBOOK})
+# A skip mark that names a code no codemod has; a code in the configuration
+# (select, ignore, per-file-ignores) that names none; a code-specific skip
+# mark that silenced nothing (as ruff's RUF100).
+UNKNOWN_CODE_IN_MARK = "AM002"
+UNKNOWN_CODE_IN_CONFIG = "AM003"
+UNUSED_MARK = "AM004"
+# The engine's own codes, with their titles (`accelmigrate explain AM004`).
+ENGINE_CODES = {
+    CODEMOD_FAILED: "a codemod failed on the file and changed nothing",
+    NOT_IN_NOTEBOOK: "codemods that restructure a script are not applied in a notebook",
+    UNKNOWN_CODE_IN_MARK: "skip mark names an unknown code",
+    UNKNOWN_CODE_IN_CONFIG: "configuration names an unknown code",
+    UNUSED_MARK: "skip mark silences nothing",
+}
 
 
 @dataclasses.dataclass
@@ -111,37 +118,134 @@ class FileResult:
 class Migration:
     code: str
     findings: list[Finding]
+    used_marks: frozenset = frozenset()  # (line in the source, code) of the mark codes that silenced a finding
 
 
 class MigrationError(Exception):
     """The source cannot be migrated (syntax error); the message names the line."""
 
 
-def suppressions_in(source: str) -> Suppressions:
-    """Lines carrying `# accelmigrate: skip` or `# accelmigrate: skip[CODE,...]`."""
+@dataclasses.dataclass(frozen=True)
+class Mark:
+    """One `# accelmigrate: skip...` comment: where, its codes (None: every
+    code), and whether it is a file-level `skip-file`."""
+
+    line: int
+    column: int  # 1-based, of the comment
+    codes: Optional[tuple[str, ...]]
+    whole_file: bool = False
+
+
+def marks_in(source: str) -> list[Mark]:
+    """The skip marks of `source`, in order (comments only: not in strings)."""
     if SUPPRESSION_MARK not in source:
-        return {}
-    found: dict[int, Optional[frozenset]] = {}
+        return []
+    found: list[Mark] = []
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type == tokenize.COMMENT:
                 match = _SKIP.search(token.string)
                 if match:
-                    codes = match.group(1)
-                    found[token.start[0]] = (
-                        frozenset(c.upper() for c in re.split(r"[\s,]+", codes) if c) if codes is not None else ALL_CODES
-                    )
+                    codes = match.group(2)
+                    listed = tuple(dict.fromkeys(c.upper() for c in re.split(r"[\s,]+", codes) if c)) if codes is not None else None
+                    found.append(Mark(token.start[0], token.start[1] + 1, listed, bool(match.group(1))))
     except (tokenize.TokenError, SyntaxError):
         pass  # the parser reports the real problem
     return found
 
 
-def _classes(plan: Plan) -> list[tuple[type[Codemod], Mapping[str, str]]]:
-    return resolve({word: options for word, options in plan})
+class _MarkCodes(frozenset):
+    """The codes silenced on a line; remembers those of its own mark that
+    silenced a finding (which marks silence nothing is ruff's RUF100 question)."""
+
+    def __contains__(self, code) -> bool:
+        found = frozenset.__contains__(self, code)
+        if found and not self.marks:  # a mark's own codes
+            self.hits.add(code)
+        elif found:  # a line's codes and the file's: the mark that has it
+            for mark in self.marks:
+                if frozenset.__contains__(mark, code):
+                    mark.hits.add(code)
+                    break
+        return found
+
+    @classmethod
+    def of(cls, codes, *marks: "_MarkCodes") -> "_MarkCodes":
+        made = cls(codes)
+        made.marks, made.hits = marks, set()
+        return made
 
 
-def _parse(source: str, path: str) -> cst.Module:
+class _FileSuppressions(dict):
+    """Line marks, and codes silenced on every line (`skip-file[CODES]`, and
+    the codes the configuration leaves out)."""
+
+    def __init__(self, lines: Mapping[int, Optional[frozenset]], everywhere: frozenset, file_mark: Optional[_MarkCodes]) -> None:
+        super().__init__(lines)
+        self.everywhere, self.file_mark = everywhere, file_mark
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, line) -> bool:
+        return True
+
+    def __getitem__(self, line):
+        own = dict.get(self, line, frozenset())
+        if own is ALL_CODES:
+            return ALL_CODES
+        marks = [m for m in (own, self.file_mark) if isinstance(m, _MarkCodes)]
+        return _MarkCodes.of(own | self.everywhere | (self.file_mark or frozenset()), *marks)
+
+    def get(self, line, default=None):
+        return self[line]
+
+
+def suppressions_in(source: str, silenced: frozenset = frozenset()) -> Suppressions:
+    """Lines carrying `# accelmigrate: skip` or `# accelmigrate: skip[CODE,...]`
+    (and, on every line, `skip-file[CODE,...]`'s codes and `silenced`)."""
+    found: dict[int, Optional[frozenset]] = {}
+    file_codes: set[str] = set()
+    for mark in marks_in(source):
+        if mark.whole_file:
+            file_codes.update(mark.codes or ())
+        elif mark.codes is None:
+            found[mark.line] = ALL_CODES
+        elif found.get(mark.line, frozenset()) is not ALL_CODES:
+            found[mark.line] = _MarkCodes.of(mark.codes)
+    if file_codes or silenced:
+        return _FileSuppressions(found, frozenset(silenced), _MarkCodes.of(file_codes) if file_codes else None)
+    return found
+
+
+def _used_marks(suppressions: Suppressions) -> list[tuple[int, str]]:
+    """(line, code) of each line mark's code that silenced a finding; line 0: `skip-file[...]`."""
+    used = [(line, code) for line, codes in dict.items(suppressions) if isinstance(codes, _MarkCodes) for code in codes.hits]
+    file_mark = getattr(suppressions, "file_mark", None)
+    return used + [(0, code) for code in (file_mark.hits if file_mark is not None else ())]
+
+
+def skips_whole_file(source: str) -> bool:
+    """`# accelmigrate: skip-file` (without codes): no codemod runs on it."""
+    return SUPPRESSION_MARK in source and any(m.whole_file and m.codes is None for m in marks_in(source))
+
+
+def known_codes() -> frozenset:
+    """Every finding code: the codemods' and the engine's."""
+    return frozenset(ENGINE_CODES).union(*(cls.codes for cls in infos().values()))
+
+
+def _classes(plan: Plan) -> list:
+    """The planned codemods, as the registry describes them (not imported)."""
+    return resolve_infos({word: options for word, options in plan})
+
+
+def _parse(source: str, path: str) -> "cst.Module":
     """LibCST's tree of a file that CPython has already accepted."""
+    import libcst as cst
+
+    from accelmigrate import indentation
+
     try:
         tree = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
@@ -152,7 +256,7 @@ def _parse(source: str, path: str) -> cst.Module:
     return tree
 
 
-def _ensure_round_trip(tree: cst.Module, source: str, path: str) -> None:
+def _ensure_round_trip(tree: "cst.Module", source: str, path: str) -> None:
     """LibCST moves form feeds that sit inside an indentation (it repeats or
     drops them): a file whose text it would change outside the rewritten
     nodes is left alone."""
@@ -171,17 +275,20 @@ def _ensure_round_trip(tree: cst.Module, source: str, path: str) -> None:
 
 
 def _run_one(
-    cls: type[Codemod],
+    cls: "type[Codemod]",
     options: Mapping[str, str],
-    wrapper: MetadataWrapper,
+    wrapper: "MetadataWrapper",
     path: str,
     suppressions: Suppressions,
     rewrite: bool = True,
-) -> tuple[cst.Module, list[Finding], bool]:
+) -> "tuple[cst.Module, list[Finding], bool]":
     """One codemod over one tree: the new tree, the findings, and whether it
     changed anything (a codemod changes the tree only where it records a fix).
     Without `rewrite` only the findings count (the tree may be left half
     rewritten). Its failure is a finding, never the file's."""
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import RemoveImportsVisitor
+
     context = CodemodContext(filename=path, wrapper=wrapper)
     try:
         codemod = cls(context, options, suppressions, rewrite=rewrite)
@@ -197,13 +304,16 @@ def _run_one(
     return tree, codemod.findings, codemod.changes_anything()
 
 
-def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
+def add_imports(context: "CodemodContext", tree: "cst.Module") -> "cst.Module":
     """What LibCST's AddImportsVisitor makes of `tree`, from a pass over only
     the statements it reads or changes: a leading docstring (or `__strict__`),
     the imports that follow it (those it extends and inserts after) and the
     first statement after them (which gets an empty line above it). It copies
     and visits the whole module, and a script's statements after its imports
     are most of it; they are put back as they are."""
+    from libcst.codemod.visitors._add_imports import _skip_first  # the visitor's own test for a leading docstring
+
+    AddImportsVisitor = globals().get("AddImportsVisitor") or __getattr__("AddImportsVisitor")
     end = 1 if _skip_first(tree) else 0
     while end < len(tree.body) and _is_import_line(tree.body[end]):
         end += 1
@@ -212,8 +322,20 @@ def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
     return added.with_changes(body=[*added.body, *tree.body[end + 1 :]])
 
 
-def _is_import_line(statement: cst.BaseStatement) -> bool:
+def __getattr__(name: str):
+    """LibCST's AddImportsVisitor as `engine.AddImportsVisitor` (imported when
+    first asked for, not with the engine); a test may replace it there."""
+    if name == "AddImportsVisitor":
+        from libcst.codemod.visitors import AddImportsVisitor
+
+        return AddImportsVisitor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _is_import_line(statement: "cst.BaseStatement") -> bool:
     """A line of one import, the statements AddImportsVisitor counts as the import block."""
+    import libcst as cst
+
     return (
         isinstance(statement, cst.SimpleStatementLine)
         and len(statement.body) == 1
@@ -225,18 +347,26 @@ def _is_import_line(statement: cst.BaseStatement) -> bool:
 class _Stage:
     """One version of the file on its way through the codemods."""
 
-    wrapper: MetadataWrapper
+    wrapper: "MetadataWrapper"
     code: str
     suppressions: Suppressions
 
     @classmethod
-    def of(cls, tree: cst.Module, code: str) -> "_Stage":
+    def of(cls, tree: "cst.Module", code: str, silenced: frozenset = frozenset()) -> "_Stage":
+        from libcst.metadata import MetadataWrapper
+
         # The comments moved with their lines: find the suppressions again.
-        return cls(MetadataWrapper(tree, unsafe_skip_copy=True), code, suppressions_in(code))
+        return cls(MetadataWrapper(tree, unsafe_skip_copy=True), code, suppressions_in(code, silenced))
 
 
 def migrate_source(
-    source: str, plan: Plan, path: str = "<string>", *, check_only: bool = False, notebook: bool = False
+    source: str,
+    plan: Plan,
+    path: str = "<string>",
+    *,
+    check_only: bool = False,
+    notebook: bool = False,
+    silenced: frozenset = frozenset(),
 ) -> Migration:
     """Apply the planned codemods one after the other, each on the previous
     one's output (so `amp` sees the device binding that `device` added).
@@ -250,12 +380,50 @@ def migrate_source(
     With `notebook` (`source` is a notebook's code cells), the codemods that
     restructure a script's entry point, and those that need them, are left
     out, with one note naming those that would have applied.
+
+    `silenced` codes are left alone on every line, as if each carried
+    `# accelmigrate: skip[CODES]` (the configuration's select and ignore).
+    A file marked `# accelmigrate: skip-file` is left alone; a skip mark that
+    names an unknown code, or a code-specific one that silences nothing, is a
+    finding.
     """
+    if skips_whole_file(source):
+        return Migration(source, [])
     with _rarer_collections:
-        return _migrate_source(source, plan, path, check_only, notebook)
+        migration = _migrate_source(source, plan, path, check_only, notebook, silenced)
+    extra = _mark_findings(source, plan, migration.used_marks, silenced)
+    return dataclasses.replace(migration, findings=sorted(migration.findings + extra)) if extra else migration
 
 
-def _migrate_source(source: str, plan: Plan, path: str, check_only: bool, notebook: bool) -> Migration:
+def _mark_findings(source: str, plan: Plan, used: frozenset, silenced: frozenset) -> list[Finding]:
+    """Skip marks that name no known code (AM002), and codes of a mark that
+    silenced nothing this run (AM004): only codes of the planned codemods,
+    whose findings this run looked for, and that the configuration counts."""
+    marks = marks_in(source)
+    if not any(mark.codes for mark in marks):
+        return []
+    known = known_codes()
+    planned = {code for cls, _ in _classes(plan) for code in cls.codes}  # with the codemods they require
+    found = []
+    for mark in marks:
+        unknown = [code for code in mark.codes or () if code not in known]
+        if unknown:
+            found.append(Finding(
+                mark.line, mark.column, UNKNOWN_CODE_IN_MARK,
+                f"skip mark names unknown code(s) {', '.join(unknown)}; see `accelmigrate list` for the codes", False, "",
+            ))
+        line = 0 if mark.whole_file else mark.line
+        idle = [c for c in mark.codes or () if c in planned and c not in silenced and (line, c) not in used]
+        if idle:
+            found.append(Finding(
+                mark.line, mark.column, UNUSED_MARK,
+                f"skip mark silences nothing here: {', '.join(idle)} (remove {'them' if len(idle) > 1 else 'it'} from the mark)",
+                False, "",
+            ))
+    return found
+
+
+def _migrate_source(source: str, plan: Plan, path: str, check_only: bool, notebook: bool, silenced: frozenset) -> Migration:
     selected = codemods_that_may_apply(source, plan, path)
     left_out: list[str] = []
     if notebook:
@@ -264,11 +432,12 @@ def _migrate_source(source: str, plan: Plan, path: str, check_only: bool, notebo
     notes = [_not_in_notebook(left_out)] if left_out else []
     if not selected:
         return Migration(source, notes)  # never parsed by LibCST
-    migration = on_deep_stack(_run_codemods, source, selected, path, check_only)
-    return Migration(migration.code, sorted(notes + migration.findings))
+    selected = [(load(cls), options) for cls, options in selected]
+    migration = on_deep_stack(_run_codemods, source, selected, path, check_only, silenced)
+    return Migration(migration.code, sorted(notes + migration.findings), migration.used_marks)
 
 
-def _restructures(cls: type[Codemod]) -> bool:
+def _restructures(cls) -> bool:
     return cls.word in RESTRUCTURING_WORDS or not RESTRUCTURING_WORDS.isdisjoint(_prerequisites(cls))
 
 
@@ -282,7 +451,7 @@ def _not_in_notebook(words: list[str]) -> Finding:
     )
 
 
-def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> list[tuple[type[Codemod], Mapping[str, str]]]:
+def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> list[tuple[object, Mapping[str, str]]]:
     """The planned codemods, in running order, that may change or report
     something in `source`, decided before LibCST: each codemod's text trigger,
     then one CPython parse (at CPython's own recursion limit) that gives both
@@ -298,14 +467,32 @@ def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> 
 
 
 def _run_codemods(
-    source: str, selected: list[tuple[type[Codemod], Mapping[str, str]]], path: str, check_only: bool
+    source: str,
+    selected: "list[tuple[type[Codemod], Mapping[str, str]]]",
+    path: str,
+    check_only: bool,
+    silenced: frozenset = frozenset(),
 ) -> Migration:
-    original = _Stage.of(_parse(source, path), source)
+    original = _Stage.of(_parse(source, path), source, silenced)
     findings: list[Finding] = []
     line_maps: dict[str, dict[int, int]] = {}  # a version's code -> its lines' lines in `source`
+    made = [original]
+
+    def used_marks() -> frozenset:
+        """The mark codes that silenced a finding in any version, at their lines in `source`."""
+        used = set()
+        for stage in made:
+            hits = _used_marks(stage.suppressions)
+            if stage.code is not source:
+                lines = [Finding(line, 1, code, "", False, "") for line, code in hits if line]
+                hits = [(f.line, f.code) for f in _in_original_lines(lines, stage.code, source, line_maps)] + [
+                    (line, code) for line, code in hits if not line
+                ]
+            used.update(hits)
+        return frozenset(used)
 
     def advance(
-        stage: _Stage, cls: type[Codemod], options: Mapping[str, str], *, record: bool = True, read: bool = True
+        stage: _Stage, cls: "type[Codemod]", options: Mapping[str, str], *, record: bool = True, read: bool = True
     ) -> _Stage:
         """The stage after `cls`. When no later codemod `read`s it, only its
         findings count: the codemod plans and reports as in `apply`, but
@@ -313,7 +500,10 @@ def _run_codemods(
         tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions, rewrite=read)
         if record:
             findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source, line_maps))
-        return _Stage.of(tree, tree.code) if changed and read else stage
+        if changed and read:
+            made.append(_Stage.of(tree, tree.code, silenced))
+            return made[-1]
+        return stage
 
     if check_only:
         by_word = {cls.word: (cls, options) for cls, options in selected}
@@ -334,16 +524,18 @@ def _run_codemods(
                 stages[(*before, cls.word)] = advance(stage_after(before), cls, options)
             else:  # no codemod runs on what this one leaves
                 advance(stage_after(before), cls, options, read=False)
-        return Migration(source, sorted(findings))
+        return Migration(source, sorted(findings), used_marks())
     stage = original
     for cls, options in selected:
         stage = advance(stage, cls, options)
     if stage is original:
-        return Migration(source, sorted(findings))
+        return Migration(source, sorted(findings), used_marks())
     _ensure_round_trip(original.wrapper.module, source, path)
     final = stage.wrapper.module
+    from accelmigrate import indentation
+
     code = indentation.after_codemods(final).code if indentation.needs_care(source) else stage.code
-    return Migration(code, sorted(findings))
+    return Migration(code, sorted(findings), used_marks())
 
 
 _deep = threading.local()
@@ -428,14 +620,14 @@ _rarer_collections = _SharedSetting(
 )
 
 
-def _required_words(selected: Sequence[tuple[type[Codemod], Mapping[str, str]]]) -> set[str]:
+def _required_words(selected: Sequence[tuple[object, Mapping[str, str]]]) -> set[str]:
     """The words whose version of the file some selected codemod runs on."""
     return {word for cls, _ in selected for word in _prerequisites(cls)}
 
 
-def _prerequisites(cls: type[Codemod]) -> set[str]:
+def _prerequisites(cls) -> set[str]:
     """Every word `cls` requires, directly or through another codemod."""
-    registry = all_codemods()
+    registry = infos()
     found: set[str] = set()
     pending = list(cls.requires)
     while pending:
@@ -649,30 +841,72 @@ def process_file(
     black_config: Optional[Mapping] = None,
     cache: Optional[ResultCache] = None,
     line_length: Optional[int] = None,
+    silenced: frozenset = frozenset(),
 ) -> FileResult:
     """One file, start to end. Whatever goes wrong becomes this file's error
     (never the run's end); the file is then never written. With a `cache`
     (opened for this plan, mode and black settings), content seen before is
     answered from it. Inserted code is fitted to `line_length` (None: black's
     configured length, else 88)."""
-    result = FileResult(path)
     try:
         source = read_source(Path(path))
+    except InputError as error:
+        return FileResult(path, error=str(error))
+    result = _process_source(path, source, plan, check_only, black_config, cache, line_length, silenced)
+    if write and result.changed:
+        try:
+            write_atomically(Path(path), SourceText(result.migrated, source.encoding), replacing=source.read_as)
+            result.written = True
+        except InputError as error:
+            result.error = str(error)
+        except OSError as error:
+            result.error = f"{path}: cannot write: {error.strerror or error}"
+        except Exception as error:  # a bug, or an input nobody foresaw: this file only
+            result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
+    return result
+
+
+def process_text(
+    path: str,
+    text: str,
+    plan: Plan,
+    *,
+    check_only: bool = False,
+    black_config: Optional[Mapping] = None,
+    line_length: Optional[int] = None,
+    silenced: frozenset = frozenset(),
+) -> FileResult:
+    """What `process_file` makes of a file holding `text`, without reading or
+    writing it (an editor's buffer, stdin): `result.migrated` is exactly the
+    text `apply` would write. `path` names it in messages and decides whether
+    it is a notebook. `silenced`: codes the codemods leave alone everywhere
+    (`Config.codes().silenced(path, known_codes())`)."""
+    return _process_source(path, SourceText(text, "utf-8"), plan, check_only, black_config, None, line_length, silenced)
+
+
+def _process_source(
+    path: str,
+    source: SourceText,
+    plan: Plan,
+    check_only: bool,
+    black_config: Optional[Mapping],
+    cache: Optional[ResultCache],
+    line_length: Optional[int],
+    silenced: frozenset = frozenset(),
+) -> FileResult:
+    result = FileResult(path)
+    try:
         if not is_notebook(path):  # a notebook's outputs (images) cost nothing: its code cells are measured
-            _ensure_not_too_large(path, source.read_as.size if source.read_as else len(source.text))
+            size = source.read_as.size if source.read_as else len(source.text.encode("utf-8", "surrogatepass"))
+            _ensure_not_too_large(path, size)
         result.original = source.text
-        outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length)
+        outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length, silenced)
         result.findings, result.error = _in_cells(path, source.text, outcome.findings), outcome.error
         if outcome.error is not None:
             return result
         result.migrated = source.text if outcome.migrated is None else outcome.migrated
-        if write and result.changed:
-            write_atomically(Path(path), SourceText(result.migrated, source.encoding), replacing=source.read_as)
-            result.written = True
     except InputError as error:
         result.error = str(error)
-    except OSError as error:
-        result.error = f"{path}: cannot write: {error.strerror or error}"
     except Exception as error:  # a bug, or an input nobody foresaw: this file only
         result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
     return result
@@ -694,13 +928,15 @@ def _cached_outcome(
     check_only: bool,
     black_config: Optional[Mapping],
     line_length: Optional[int],
+    silenced: frozenset = frozenset(),
 ) -> Outcome:
     if cache is None:
-        return _outcome(source.text, path, plan, check_only, black_config, line_length)
-    key = cache.key(path, source, "" if check_only else first_party_layout(path))
+        return _outcome(source.text, path, plan, check_only, black_config, line_length, silenced)
+    layout = "" if check_only else first_party_layout(path)
+    key = cache.key(path, source, layout + ("\0" + ",".join(sorted(silenced)) if silenced else ""))
     outcome = cache.get(key, source)
     if outcome is None or not _still_parses(outcome, path):
-        outcome = _outcome(source.text, path, plan, check_only, black_config, line_length)
+        outcome = _outcome(source.text, path, plan, check_only, black_config, line_length, silenced)
         if not any(f.code == CODEMOD_FAILED for f in outcome.findings):  # a failure may not recur (memory, a bug fixed)
             cache.put(key, outcome, source)
     return outcome
@@ -719,18 +955,24 @@ def _still_parses(outcome: Outcome, path: str) -> bool:
 
 
 def _outcome(
-    text: str, path: str, plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int] = None
+    text: str,
+    path: str,
+    plan: Plan,
+    check_only: bool,
+    black_config: Optional[Mapping],
+    line_length: Optional[int] = None,
+    silenced: frozenset = frozenset(),
 ) -> Outcome:
     """What the codemods make of `text`: the migrated text (None: unchanged)
     and the findings, or the error that refuses it. Only what follows from
     the text is caught here; anything else is the caller's (and never cached)."""
     if is_notebook(path):
-        return _notebook_outcome(text, path, plan, check_only, black_config, line_length)
+        return _notebook_outcome(text, path, plan, check_only, black_config, line_length, silenced)
     if "\r" in text and "\n" not in text:  # old Mac line ends, which CPython reads as "\n"
-        outcome = _outcome(text.replace("\r", "\n"), path, plan, check_only, black_config, line_length)
+        outcome = _outcome(text.replace("\r", "\n"), path, plan, check_only, black_config, line_length, silenced)
         return dataclasses.replace(outcome, migrated=outcome.migrated and outcome.migrated.replace("\n", "\r"))
     try:
-        migration = migrate_source(text, plan, path, check_only=check_only)
+        migration = migrate_source(text, plan, path, check_only=check_only, silenced=silenced)
     except MigrationError as error:
         return Outcome(None, [], str(error))
     migrated = migration.code
@@ -754,7 +996,13 @@ def _fitted(original: str, migrated: str, path: str, black_config: Optional[Mapp
 
 
 def _notebook_outcome(
-    text: str, path: str, plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int]
+    text: str,
+    path: str,
+    plan: Plan,
+    check_only: bool,
+    black_config: Optional[Mapping],
+    line_length: Optional[int],
+    silenced: frozenset = frozenset(),
 ) -> Outcome:
     """A notebook's outcome: its code cells migrated as one source (magics and
     shell lines inert), then put back into its JSON text, where only the
@@ -765,7 +1013,7 @@ def _notebook_outcome(
         _ensure_not_too_large(path, len(notebook.source.encode("utf-8", "surrogatepass")), "code cells of ")
         if not notebook.is_python:
             return Outcome(None, [])
-        migration = migrate_source(notebook.source, plan, path, check_only=check_only, notebook=True)
+        migration = migrate_source(notebook.source, plan, path, check_only=check_only, notebook=True, silenced=silenced)
         if migration.code == notebook.source:
             return Outcome(None, migration.findings)
         _ensure_parses(migration.code, path)
@@ -811,11 +1059,14 @@ def process_files(
     on_done: Optional[Callable[[FileResult], None]] = None,
     cache_folder: Optional[Path] = None,
     line_length: Optional[int] = None,
+    codes=None,
 ) -> list[FileResult]:
     """Process many files, in worker processes when there are several; results
     come back in the order of `paths`. Before writing, temporary files that a
     killed run left next to them are removed. With `cache_folder`, results are
-    kept there and files whose content was seen before are answered from it."""
+    kept there and files whose content was seen before are answered from it.
+    `codes` (a config's `CodeSelection`): the codes each file's codemods
+    leave alone (not selected, ignored)."""
     jobs = jobs or os.cpu_count() or 1
     _classes(plan)  # an unknown word or option is the caller's error, raised before any file is read
     cache = None
@@ -828,6 +1079,11 @@ def process_files(
         }
         cache = ResultCache.open(cache_folder, settings)
     kwargs = dict(check_only=check_only, write=write, black_config=black_config, cache=cache, line_length=line_length)
+    known = known_codes() if codes is not None else frozenset()
+
+    def file_kwargs(path: str) -> dict:
+        return {**kwargs, "silenced": codes.silenced(path, known)} if codes is not None else kwargs
+
     if write:
         remove_stale_temporaries({Path(os.path.realpath(p)).parent for p in paths})
     results: list[FileResult] = []
@@ -839,18 +1095,21 @@ def process_files(
 
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
-            done(process_file(path, plan, **kwargs))
+            done(process_file(path, plan, **file_kwargs(path)))
         return results
+    from concurrent.futures import ProcessPoolExecutor  # multiprocessing: only where there is a pool
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
             # The largest files first, one per task: a large file started last
             # would keep one worker busy long after the others are done.
-            futures = {i: pool.submit(_process_file_star, (paths[i], plan, kwargs)) for i in _largest_first(paths)}
+            futures = {i: pool.submit(_process_file_star, (paths[i], plan, file_kwargs(paths[i]))) for i in _largest_first(paths)}
             for i in range(len(paths)):
                 done(futures[i].result())
     except BrokenProcessPool:
         for path in paths[len(results):]:
-            done(_process_file_alone(path, plan, kwargs))
+            done(_process_file_alone(path, plan, file_kwargs(path)))
     return results
 
 
@@ -868,6 +1127,9 @@ def _process_file_alone(path: str, plan: Plan, kwargs: dict) -> FileResult:
     """After a worker process died (killed, out of memory, a crash in native
     code), each remaining file gets a process of its own, so that only the
     file that kills one is lost."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         with ProcessPoolExecutor(max_workers=1) as pool:
             return pool.submit(_process_file_star, (path, plan, kwargs)).result()
@@ -880,5 +1142,5 @@ def _process_file_star(job: tuple[str, Plan, dict]) -> FileResult:
     return process_file(path, plan, **kwargs)
 
 
-def plan_of(items: Iterable[tuple[type[Codemod], Mapping[str, str]]]) -> list[tuple[str, dict[str, str]]]:
+def plan_of(items: Iterable[tuple[object, Mapping[str, str]]]) -> list[tuple[str, dict[str, str]]]:
     return [(cls.word, dict(options)) for cls, options in items]

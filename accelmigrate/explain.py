@@ -8,14 +8,45 @@ import sys
 import textwrap
 from typing import Optional
 
-from accelmigrate.codemods import Codemod, DEFAULT_WORDS, all_codemods, find, parse_words
-from accelmigrate.engine import CODEMOD_FAILED
+from accelmigrate.codemods import DEFAULT_WORDS, all_codemods, find, parse_words
+from accelmigrate.engine import (
+    CODEMOD_FAILED, ENGINE_CODES, NOT_IN_NOTEBOOK, UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK, UNUSED_MARK,
+)
+
+if False:  # for the annotations only: importing the base class imports LibCST
+    from accelmigrate.codemods import Codemod
 
 FAILED_TITLE = "a codemod failed on this file and changed nothing there"
 FAILED_ADVICE = (
     "The codemod met a file it did not expect (its message names the error); the other codemods still ran. "
     "Please report it with the smallest file that shows it; until then, migrate that part by hand."
 )
+# The engine's own codes: (severity, what to do). Their titles: engine.ENGINE_CODES.
+ENGINE_ADVICE = {
+    CODEMOD_FAILED: ("error", FAILED_ADVICE),
+    NOT_IN_NOTEBOOK: (
+        "note",
+        "Nothing: this is information (a note). main-guard and ddp (and the codemods that need them) restructure "
+        "a script's entry point, which a notebook does not have; move the training code into a .py script to "
+        "migrate it with them.",
+    ),
+    UNKNOWN_CODE_IN_MARK: (
+        "warning",
+        "A `# accelmigrate: skip[CODES]` or `skip-file[CODES]` comment names a code that no codemod has, so it "
+        "silences nothing: correct the code (`accelmigrate list` lists them) or remove it.",
+    ),
+    UNKNOWN_CODE_IN_CONFIG: (
+        "warning",
+        "`select`, `ignore` or `per-file-ignores` in [tool.accelmigrate] (or --select/--ignore) names a code, or "
+        "a prefix, that no codemod has: correct it (`accelmigrate list` lists the codes) or remove it.",
+    ),
+    UNUSED_MARK: (
+        "warning",
+        "A code-specific skip mark (`# accelmigrate: skip[AM101]`) silenced no finding on its line (or, for "
+        "`skip-file[...]`, in the file) in this run of its codemod: the code it guarded against is gone. Remove "
+        "the code from the mark, or the whole mark. Only the codes of the codemods that ran are checked.",
+    ),
+}
 
 
 def page(cls: type[Codemod]) -> str:
@@ -60,8 +91,8 @@ def _chunks(text: str) -> list[str]:
 def resolve_name(name: str) -> tuple[Optional[type[Codemod]], Optional[str]]:
     """The codemod and, when `name` is a finding code, the code: for a word
     (`workers`, `accumulate=4`) or a code (`AM101`, `am101`)."""
-    if name.upper() == CODEMOD_FAILED:
-        return None, CODEMOD_FAILED
+    if name.strip().upper() in ENGINE_CODES:
+        return None, name.strip().upper()
     words = list(parse_words(name)) if "=" in name else [name.strip()]
     cls = find(words[0]) if len(words) == 1 else None
     if cls is None:
@@ -84,8 +115,10 @@ def _needs_value(cls: type[Codemod]) -> bool:
 
 def code_entry(cls: Optional[type[Codemod]], code: str) -> dict:
     """One code's entry: title, severity, what to do, the codemod it belongs to."""
-    if cls is None:  # AM000, the engine's own
-        return {"code": code, "title": FAILED_TITLE, "severity": "error", "codemod": None, "what_to_do": FAILED_ADVICE, "details": []}
+    if cls is None:  # the engine's own (AM000: a codemod failed)
+        severity, advice = ENGINE_ADVICE[code]
+        title = FAILED_TITLE if code == CODEMOD_FAILED else ENGINE_CODES[code]
+        return {"code": code, "title": title, "severity": severity, "codemod": None, "what_to_do": advice, "details": []}
     note = code in cls.notes
     if note:
         what = "Nothing: this is information (a note). `check` shows it only with --show-notes, and it never fails a check."

@@ -6,20 +6,25 @@ title, in the present, with the command that fixes it; one that needs a
 manual step by its own message, which says the step. Codes that a codemod
 lists in `notes` need no action: they are hidden unless asked for, and never
 fail a check.
+
+Which codes count is the configuration's (`select`, `ignore`,
+`per-file-ignores`, and --select/--ignore on the command line): `reported`
+applies it, with the notes' visibility, for the CLI and the language server.
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional, Sequence
 
-from accelmigrate.codemods import Codemod, Finding, all_codemods
-from accelmigrate.engine import CODEMOD_FAILED, NOTES as ENGINE_NOTES, FileResult
+from accelmigrate.codemods import Finding, infos
+from accelmigrate.engine import CODEMOD_FAILED, ENGINE_CODES, NOTES as ENGINE_NOTES, FileResult
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 
 
-def codemod_of(finding: Finding) -> Optional[type[Codemod]]:
-    return all_codemods().get(finding.word)
+def codemod_of(finding: Finding):
+    """The codemod (class, or its manifest entry) that made `finding`."""
+    return infos().get(finding.word)
 
 
 def is_note(finding: Finding) -> bool:
@@ -39,7 +44,9 @@ def severity(finding: Finding) -> str:
 def title(finding: Finding) -> str:
     """The code's one-line title (the message, for a code no codemod declares)."""
     cls = codemod_of(finding)
-    return cls.codes.get(finding.code, finding.message) if cls is not None else finding.message
+    if cls is None:
+        return ENGINE_CODES.get(finding.code, finding.message)
+    return cls.codes.get(finding.code, finding.message)
 
 
 def word_spec(word: str, plan: Sequence[tuple[str, Mapping[str, str]]]) -> str:
@@ -81,6 +88,20 @@ def visible(findings: Iterable[Finding], *, show_notes: bool, unfixed_only: bool
     return [f for f in findings if (show_notes or not is_note(f)) and not (unfixed_only and f.fixed)]
 
 
+def reported(
+    findings: Iterable[Finding], *, path: str, config, show_notes: bool = False, unfixed_only: bool = False
+) -> list[Finding]:
+    """The findings of `path` to report: `visible`, and of the codes the
+    configuration counts there (`config`: a Config, with --select/--ignore
+    already merged in). A failed codemod (AM000) is always reported."""
+    codes = config.codes()
+    ignored = codes.ignored_for(path)
+    return [
+        f for f in visible(findings, show_notes=show_notes, unfixed_only=unfixed_only)
+        if f.code == CODEMOD_FAILED or codes.decides(f.code, ignored)
+    ]
+
+
 def hidden_notes(results: Iterable[FileResult]) -> int:
     return sum(1 for r in results for f in r.findings if is_note(f))
 
@@ -94,4 +115,4 @@ def words_that_changed(result: FileResult) -> list[str]:
     """The codemods that changed this file, in running order: those that
     recorded a fix (a codemod changes a file only where it records one)."""
     fixed = {f.word for f in result.findings if f.fixed}
-    return [word for word in all_codemods() if word in fixed]
+    return [word for word in infos() if word in fixed]

@@ -1,14 +1,17 @@
 """Showing results: diffs (coloured on a terminal, plain when piped), findings,
-errors, summaries; JSON, GitHub workflow annotations and SARIF for machines."""
+errors, summaries; JSON, GitHub workflow annotations and SARIF for machines.
+
+rich is imported only for a terminal (colours, a progress bar) or a table:
+piped output, as a hook or an editor reads it, is written plainly.
+"""
 
 from __future__ import annotations
 
 import difflib
 import json
+import os
+import sys
 from typing import Iterable, Mapping, Sequence
-
-from rich.console import Console
-from rich.syntax import Syntax
 
 from accelmigrate import lint
 from accelmigrate.codemods import Finding
@@ -95,12 +98,52 @@ def result_payload(result: FileResult, shown: Sequence[Finding]) -> dict:
     }
 
 
+class PlainConsole:
+    """What the reporter asks of rich's Console, for a stream that is no
+    terminal: each text on a line of its own, as given."""
+
+    is_terminal = False
+
+    def __init__(self, *, stderr: bool = False) -> None:
+        self.stderr = stderr
+
+    @property
+    def file(self):
+        return sys.stderr if self.stderr else sys.stdout  # as rich does: the stream of the moment
+
+    def print(self, *objects, markup=None, style=None, **_) -> None:
+        self.file.write(" ".join(str(o) for o in objects) + "\n")
+
+
+def _wants_rich(stream) -> bool:
+    """rich's own test, without rich: a terminal, or colours forced."""
+    if os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE") == "1":
+        return True
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def console(*, stderr: bool = False):
+    """rich's Console for a terminal, else a PlainConsole."""
+    if not _wants_rich(sys.stderr if stderr else sys.stdout):
+        return PlainConsole(stderr=stderr)
+    return rich_console(stderr=stderr)
+
+
+def rich_console(*, stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
 class Reporter:
     """Writes to stdout (diffs, findings, machine formats) and stderr (errors, summaries)."""
 
     def __init__(self) -> None:
-        self.out = Console(highlight=False, soft_wrap=True)
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.out = console()
+        self.err = console(stderr=True)
 
     @property
     def is_terminal(self) -> bool:
@@ -109,6 +152,8 @@ class Reporter:
     def diff(self, result: FileResult) -> None:
         text = unified_diff(result, quoted=True)
         if self.out.is_terminal:
+            from rich.syntax import Syntax
+
             self.out.print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
         else:
             self.out.file.write(text)

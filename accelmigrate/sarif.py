@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 from accelmigrate import __version__, lint
 from accelmigrate.codemods import Finding, all_codemods
-from accelmigrate.engine import CODEMOD_FAILED, FileResult
+from accelmigrate.engine import CODEMOD_FAILED, ENGINE_CODES, FileResult
 from accelmigrate.explain import code_entry, entry_text
 
 SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -24,7 +24,8 @@ Plan = Sequence[tuple[str, Mapping[str, str]]]
 
 def sarif_log(results: Sequence[FileResult], findings_shown: Mapping[str, list[Finding]], plan: Plan) -> dict:
     """The log of one run. `findings_shown`: path -> the findings to report."""
-    rules = _rules(plan)
+    engine_codes = sorted({f.code for found in findings_shown.values() for f in found if f.code in ENGINE_CODES} - {CODEMOD_FAILED})
+    rules = _rules(plan, engine_codes)
     index = {rule["id"]: i for i, rule in enumerate(rules)}
     return {
         "$schema": SCHEMA,
@@ -49,12 +50,12 @@ def sarif_log(results: Sequence[FileResult], findings_shown: Mapping[str, list[F
     }
 
 
-def _rules(plan: Plan) -> list[dict]:
+def _rules(plan: Plan, engine_codes: Sequence[str] = ()) -> list[dict]:
     registry = all_codemods()
-    entries = [code_entry(None, CODEMOD_FAILED)]
+    entries = [code_entry(None, code) for code in (CODEMOD_FAILED, *engine_codes)]
     for word, _ in plan:
         cls = registry[word]
-        entries += [code_entry(cls, code) for code in cls.codes]
+        entries += [code_entry(cls, code) for code in cls.codes if code not in engine_codes]
     return [
         {
             "id": entry["code"],

@@ -4,16 +4,26 @@ Every module of this package whose name does not start with `_` is a codemod
 module; each defines one `Codemod` subclass. Subpackages (`script/`, the model
 of a training script that every codemod reads) are not codemods. The engine knows no codemod by
 name: it asks this registry.
+
+What the registry says of a codemod (word, codes, notes, summary, requires,
+triggers, options) is read from `_manifest.py`, generated from the classes,
+so that a command whose files never reach LibCST imports neither LibCST nor
+any codemod: `infos()` and `resolve_infos()`. `all_codemods()` and
+`resolve()` import the classes.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import pkgutil
-from typing import Iterable, Mapping, Optional
+import os
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
-from ._base import Codemod, Finding
+from . import _options
+from ._finding import Finding
+
+if TYPE_CHECKING:
+    from ._base import Codemod
 
 # The fixed order in which codemods run, whatever the order of the --to words,
 # so that any combination gives the same result. A word missing here runs last.
@@ -29,6 +39,7 @@ ORDER = (
     "ddp",
     "sync-bn",
     "fsdp",  # after ddp, so that choosing both is refused (AM767); before compile and fused-optim
+    "accelerate",  # a library target in place of device, amp and ddp
     "accumulate",
     "batch-scale",
     # The speed words: channels-last converts the model before ddp wraps it
@@ -65,25 +76,90 @@ class UnknownCodemod(ValueError):
     """A --to word that names no codemod, or options that a codemod rejects."""
 
 
+def _in_running_order(words: Iterable[str]) -> list[str]:
+    rank = {word: i for i, word in enumerate(ORDER)}
+    return sorted(words, key=lambda w: (rank.get(w, len(ORDER)), w))
+
+
+def _codemod_modules() -> list[str]:
+    """The codemod modules of this package: its modules not starting with `_`."""
+    folder = os.path.dirname(__file__)
+    return sorted(
+        name[:-3] for name in os.listdir(folder)
+        if name.endswith(".py") and not name.startswith("_") and name[:-3].isidentifier()
+    )
+
+
 @functools.lru_cache(maxsize=None)
-def all_codemods() -> Mapping[str, type[Codemod]]:
-    """Every codemod, by word, in running order."""
+def all_codemods() -> Mapping[str, "type[Codemod]"]:
+    """Every codemod class, by word, in running order (imports them, and LibCST)."""
+    from ._base import Codemod
+
     found: dict[str, type[Codemod]] = {}
-    for module_info in pkgutil.iter_modules(__path__):
-        if module_info.name.startswith("_") or module_info.ispkg:
-            continue  # helpers and subpackages (the script model) are no codemods
-        module = importlib.import_module(f"{__name__}.{module_info.name}")
+    for name in _codemod_modules():
+        module = importlib.import_module(f"{__name__}.{name}")
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, Codemod) and value.__module__ == module.__name__:
                 found[value.word] = value
-    rank = {word: i for i, word in enumerate(ORDER)}
-    return {word: found[word] for word in sorted(found, key=lambda w: (rank.get(w, len(ORDER)), w))}
+    return {word: found[word] for word in _in_running_order(found)}
+
+
+class CodemodInfo:
+    """A codemod as the manifest describes it: what the class says, without the class."""
+
+    def __init__(self, word: str, entry: Mapping) -> None:
+        self.word = word
+        self.module, self.name = entry["module"], entry["name"]
+        self.summary: str = entry["summary"]
+        self.requires: Sequence[str] = tuple(entry["requires"])
+        self.triggers: Sequence[str] = tuple(entry["triggers"])
+        self.codes: Mapping[str, str] = dict(entry["codes"])
+        self.notes = frozenset(entry["notes"])
+
+    def check_options(self, options: Mapping[str, str]) -> None:
+        _options.check(self.word, options)
+
+    def wants(self, source: str) -> bool:
+        return any(trigger in source for trigger in self.triggers)
+
+    def load(self) -> "type[Codemod]":
+        return all_codemods()[self.word]
+
+    def __repr__(self) -> str:
+        return f"<CodemodInfo {self.word}>"
+
+
+@functools.lru_cache(maxsize=None)
+def _manifest_infos() -> Optional[Mapping[str, CodemodInfo]]:
+    """The manifest's codemods, or None when it does not list every codemod
+    module here (a module added since it was generated: the classes answer)."""
+    from ._manifest import CODEMODS
+
+    if {entry["module"] for entry in CODEMODS.values()} != set(_codemod_modules()):
+        return None
+    return {word: CodemodInfo(word, CODEMODS[word]) for word in _in_running_order(CODEMODS)}
+
+
+def infos() -> Mapping[str, object]:
+    """Every codemod by word, in running order, as `CodemodInfo` (word,
+    codes, notes, summary, requires, triggers, check_options, wants) read
+    from the manifest; the classes themselves once they are imported (they
+    have the same attributes, and are the truth)."""
+    if all_codemods.cache_info().currsize:
+        return all_codemods()
+    manifest = _manifest_infos()
+    return manifest if manifest is not None else all_codemods()
+
+
+def load(codemod) -> "type[Codemod]":
+    """The class of a codemod given by its class or its `CodemodInfo`."""
+    return codemod.load() if isinstance(codemod, CodemodInfo) else codemod
 
 
 def words_without_values() -> list[str]:
     """The codemods that run without a `=value` (what `check` runs by default)."""
     usable = []
-    for word, cls in all_codemods().items():
+    for word, cls in infos().items():
         try:
             cls.check_options({})
         except ValueError:
@@ -118,14 +194,17 @@ def parse_words(spec: Iterable[str]) -> dict[str, dict[str, str]]:
     return selected
 
 
-def resolve(
+def resolve_infos(
     selected: Mapping[str, Mapping[str, str]],
     extra_options: Optional[Mapping[str, Mapping[str, str]]] = None,
-) -> list[tuple[type[Codemod], dict[str, str]]]:
+) -> list[tuple[object, dict[str, str]]]:
     """The codemods to run for the chosen words, with the ones they require,
     in running order, each with its options (`extra_options` from the config
-    first, then those given with the word)."""
-    registry = all_codemods()
+    first, then those given with the word), as `infos()` gives them: no
+    codemod is imported."""
+    registry = infos()
+    if any(word not in registry for word in selected):
+        registry = all_codemods()  # a word the manifest does not know: ask the classes before refusing it
     wanted: dict[str, dict[str, str]] = {}
 
     def add(word: str, options: Mapping[str, str]) -> None:
@@ -148,9 +227,23 @@ def resolve(
     return [(cls, wanted[word]) for word, cls in registry.items() if word in wanted]
 
 
-def find(code_or_word: str) -> Optional[type[Codemod]]:
-    """The codemod with this word or finding code."""
-    registry = all_codemods()
+def resolve(
+    selected: Mapping[str, Mapping[str, str]],
+    extra_options: Optional[Mapping[str, Mapping[str, str]]] = None,
+) -> "list[tuple[type[Codemod], dict[str, str]]]":
+    """`resolve_infos`, with each codemod's class (imports them)."""
+    return [(load(cls), options) for cls, options in resolve_infos(selected, extra_options)]
+
+
+def find(code_or_word: str) -> "Optional[type[Codemod]]":
+    """The codemod class with this word or finding code."""
+    info = find_info(code_or_word)
+    return None if info is None else load(info)
+
+
+def find_info(code_or_word: str):
+    """The codemod (as `infos()` gives it) with this word or finding code."""
+    registry = infos()
     if code_or_word in registry:
         return registry[code_or_word]
     for cls in registry.values():
@@ -159,4 +252,15 @@ def find(code_or_word: str) -> Optional[type[Codemod]]:
     return None
 
 
-__all__ = ["Codemod", "DEFAULT_WORDS", "Finding", "ORDER", "PRESETS", "UnknownCodemod", "all_codemods", "find", "parse_words", "resolve", "words_without_values"]
+def __getattr__(name: str):
+    if name == "Codemod":  # the base class, with LibCST, only when asked for
+        from ._base import Codemod
+
+        return Codemod
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "Codemod", "CodemodInfo", "DEFAULT_WORDS", "Finding", "ORDER", "PRESETS", "UnknownCodemod", "all_codemods",
+    "find", "find_info", "infos", "load", "parse_words", "resolve", "resolve_infos", "words_without_values",
+]

@@ -36,27 +36,10 @@ def _script_model(wrapper):
     return _latest_script[1]
 
 
-ALL_CODES = None  # a `# accelmigrate: skip` without [CODES] silences every code
+from ._finding import ALL_CODES, Finding, Suppressions  # noqa: E402 (re-exported: defined without LibCST)
+from . import _options  # noqa: E402
+
 _NO_DEFAULT = object()
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Finding:
-    """One thing a codemod saw. `fixed`: apply rewrote it (or, in check mode, can)."""
-
-    line: int  # 1-based
-    column: int  # 1-based, the same in every mode
-    code: str
-    message: str
-    fixed: bool
-    word: str
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# line number -> the codes silenced on it (ALL_CODES for every code)
-Suppressions = Mapping[int, Optional[frozenset]]
 
 
 class Codemod(cst.CSTTransformer):
@@ -165,7 +148,9 @@ class Codemod(cst.CSTTransformer):
         """Raise ValueError with a message for the user when `options` (from
         `--to word=value` or the config) make no sense for this codemod.
         Read every option the codemod takes here: the configuration reports
-        a key that this method never reads as unknown."""
+        a key that this method never reads as unknown. The checks live in
+        `_options.py`, which the registry reads without importing codemods."""
+        _options.check(cls.word, options)
 
     @classmethod
     def wants(cls, source: str) -> bool:
