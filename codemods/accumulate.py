@@ -138,6 +138,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from ._accumulate.factor import constant_statement, fresh_name, insert_module_statement, is_integer, module_constant, parse_factor
+from ._options import STEPS_MEANING
 from ._accumulate.loops import LoopReader, LoopShape, UpdateCall
 from ._accumulate.syntax import Problem, is_method_call, mentions, wrap_block
 from ._base import Codemod, code_of, times_or_divided, walk
@@ -145,7 +146,6 @@ from .script.accumulate_facts import Uses, anchors, ddp_models
 from .script.reduction import SUM, UNCLEAR, backward_reduction
 
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
-STEPS_MEANING = "the number of micro-batches per optimizer step"
 RUNTIME_BATCH = "accelmigrate.runtime.batch"
 UNCLEAR_MESSAGE = (
     "cannot tell whether this loss is a mean or a sum over the batch (a `reduction=` that is not a literal, a sum "
@@ -184,10 +184,6 @@ class Accumulate(Codemod):
         "AM607": "the loss's reduction over the batch (mean or sum) cannot be read: accumulate by hand",
     }
     triggers = ("backward", "step")
-
-    @classmethod
-    def check_options(cls, options) -> None:
-        parse_factor(options, cls.word, STEPS_MEANING)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -68,6 +68,7 @@ from typing import Optional, Union
 import libcst as cst
 
 from ._accumulate.factor import constant_statement, insert_module_statement, is_integer, module_constant, parse_factor
+from ._options import SCALE_MEANING
 from ._accumulate.loops import LoopReader
 from ._accumulate.syntax import Problem, is_method_call, positional_args, target_key
 from ._base import Codemod, append_keyword_args, code_of, has_star_args, keyword_arg, times_or_divided
@@ -91,7 +92,6 @@ def argparse_dest(call: cst.Call) -> Optional[str]:
     return None
 
 
-SCALE_MEANING = "the factor for the batch size and the learning rate"
 
 
 @dataclasses.dataclass
@@ -200,10 +200,6 @@ class BatchScale(Codemod):
         "AM613": "large batch-scale factor: add a learning-rate warm-up",
     }
     triggers = ("DataLoader",)
-
-    @classmethod
-    def check_options(cls, options) -> None:
-        parse_factor(options, cls.word, SCALE_MEANING)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

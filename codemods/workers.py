@@ -152,6 +152,7 @@ from typing import Sequence
 import libcst as cst
 
 from ._base import append_keyword_args, has_star_args
+from ._options import workers_cap_argument, workers_persistent
 from ._workers.hazards import LoaderHazards, loader_argument
 from .script.workers_facts import KwargsDict
 
@@ -179,14 +180,9 @@ class Workers(LoaderHazards):
     # import it; where main-guard refuses, AM104 says what to do by hand.
     requires = ("main-guard",)
 
-    @classmethod
-    def check_options(cls, options) -> None:
-        _cap_argument(options)
-        _persistent_option(options)
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._helper_call = f"{HELPER}({_cap_argument(self.options)})"  # the code of the worker count expression
+        self._helper_call = f"{HELPER}({workers_cap_argument(self.options)})"  # the code of the worker count expression
 
     # -- the rewrite ---------------------------------------------------------
 
@@ -319,7 +315,7 @@ class Workers(LoaderHazards):
             settings = {} if has_workers else {"num_workers": self._helper_call}
             if not found.start_has(start, "pin_memory") and "pin_memory" not in given:
                 settings["pin_memory"] = f"{self.facts.torch_alias or 'torch'}.cuda.is_available()"
-            persistent = _persistent_option(self.options) and "persistent_workers" not in given
+            persistent = workers_persistent(self.options) and "persistent_workers" not in given
             if persistent and not found.start_has(start, "persistent_workers"):
                 settings["persistent_workers"] = "True"
             plan[start] = settings
@@ -345,7 +341,7 @@ class Workers(LoaderHazards):
         settings = {"num_workers": self._helper_call}
         if loader_argument(call, "pin_memory") is None:
             settings["pin_memory"] = f"{self.facts.torch_alias or 'torch'}.cuda.is_available()"
-        if _persistent_option(self.options) and loader_argument(call, "persistent_workers") is None:
+        if workers_persistent(self.options) and loader_argument(call, "persistent_workers") is None:
             settings["persistent_workers"] = "True"
         return settings
 
@@ -428,30 +424,4 @@ def _append_dict_entries(
         for i, (key, arg) in enumerate(zip(keys, laid_out))
     ]
     return literal.with_changes(elements=new_elements, rbrace=literal.rbrace.with_changes(whitespace_before=closing))
-
-
-def _cap_argument(options) -> str:
-    """The arguments of the worker count helper for the `max_workers` option
-    (or the word's value, `workers=4`)."""
-    raw = options.get("max_workers", options.get("value"))
-    if raw is None:
-        return ""
-    text = str(raw).strip().lower()
-    if text == "none":
-        return "max_workers=None"
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"max_workers must be a whole number from 1 up, or none; got {raw!r}")
-    return f"max_workers={int(text)}"
-
-
-def _persistent_option(options) -> bool:
-    """The `persistent` option: also add persistent_workers=True (off by
-    default, as it changes a seeded script's random stream)."""
-    raw = options.get("persistent")
-    text = str(raw).strip().lower()
-    if raw is None or text in ("false", "no", "off", "0"):
-        return False
-    if text in ("true", "yes", "on", "1"):
-        return True
-    raise ValueError(f"persistent must be true or false; got {raw!r}")
 

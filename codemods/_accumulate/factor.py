@@ -1,4 +1,4 @@
-"""The `word=N` factor, and the module constant (`ACCUMULATION_STEPS = 4`,
+"""The `word=N` factor (parsed by `codemods/_options.py`), and the module constant (`ACCUMULATION_STEPS = 4`,
 `BATCH_SCALE = 2`) that carries it in the migrated script."""
 
 from __future__ import annotations
@@ -8,21 +8,7 @@ from typing import Mapping, Optional
 import libcst as cst
 
 from .._base import is_docstring
-
-
-def parse_factor(options: Mapping[str, str], word: str, meaning: str) -> int:
-    """The N of `word=N`: a whole number of at least 2. A missing or invalid
-    value is a usage error, raised as ValueError before anything runs."""
-    raw = options.get("value")
-    if raw is None or not str(raw).strip():
-        raise ValueError(f"{word} needs a value: --to {word}=N, N being {meaning}")
-    try:
-        factor = int(str(raw).strip())
-    except ValueError:
-        raise ValueError(f"{word}={raw}: N must be a whole number (N is {meaning})") from None
-    if factor < 2:
-        raise ValueError(f"{word}={raw}: N must be at least 2 (N is {meaning})")
-    return factor
+from .._options import parse_factor  # the option checks live where the registry reads them without LibCST
 
 
 def fresh_name(base: str, taken: set[str]) -> str:
