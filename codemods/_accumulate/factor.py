@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Optional
 
 import libcst as cst
 
