@@ -192,6 +192,15 @@ class FullyShardedCodemod(ShardedCheckpoints, DistributedDataParallelCodemod):
     def _plan_wrap_step(self, model, anchor, node, code, message, apply, local_buffers: bool = False) -> None:
         self._check_model_uses(model, anchor)
         self._refuse_optimizer_before(model, anchor)
+        if self._sums_gradients(model):
+            # FSDP averages the ranks' gradients in its reduce-scatter: with the global
+            # batch split, a loss summed over it would step 1/world of the original's.
+            raise CannotMigrate(
+                node, "AM760",
+                f"the loss of `{model.code}` sums over the batch, and FSDP averages the ranks' gradients (the step would be "
+                f"1/world of the original's): after `shard_model({model.code})`, call `set_gradient_divide_factor(1.0)` on "
+                f"every FSDP module of it by hand, or make the loss a mean and scale the learning rate",
+            )
 
         def shard() -> None:
             self._use("shard_model")
