@@ -21,7 +21,7 @@ What "the same" means depends on the words:
 - amp in 16-bit precision (bf16 or fp16 autocast ran): a relative tolerance;
 - accumulate=N: the migrated script (N micro-batches per step) against the
   original with N times larger batches: the same big-batch steps;
-- ddp: the migrated script on N processes (`--nproc-per-node`, torchrun over
+- ddp and accelerate: the migrated script on N processes (`--nproc-per-node`, torchrun over
   gloo or NCCL; each rank loads its share of the original batch) against the
   original: the mean of the ranks' losses (their sum where the migration
   adds the ranks' gradients up, for a loss summed over the batch), and every
@@ -98,9 +98,9 @@ def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
     if "batch-scale" in words:
         raise VerifyError("batch-scale changes the training on purpose (batch size and learning rate): nothing to compare")
     accumulate = int(words["accumulate"].get("value", "1")) if "accumulate" in words else 1
-    processes = processes if "ddp" in words else 1
-    # ddp keeps the global batch (each rank loads its share of it), so only
-    # accumulation makes the migrated step bigger than the original's.
+    processes = processes if "ddp" in words or "accelerate" in words else 1
+    # ddp and accelerate keep the global batch (each rank loads its share of
+    # it), so only accumulation makes the migrated step bigger than the original's.
     summed = accumulate > 1 or processes > 1
     return Setup(batch_scale=accumulate, processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
 
@@ -125,6 +125,17 @@ def _environment(steps: int, batch_scale: int = 1, map_cuda: bool = False) -> di
     # One thread per process in both runs, as torchrun gives each rank: the
     # same order of float sums, so "exact" can mean exact.
     env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _migrated_environment(steps: int, words: dict[str, dict[str, str]]) -> dict[str, str]:
+    env = _environment(steps)
+    if "accelerate" in words:
+        import torch
+
+        # Without CUDA, accelerate makes torchrun's processes one group only when told to use the CPU.
+        if not torch.cuda.is_available():
+            env.setdefault("ACCELERATE_USE_CPU", "true")
     return env
 
 
@@ -231,7 +242,7 @@ def verify(script: Path, words_spec: Optional[str], steps: int, processes: int, 
             # Only the original keeps CUDA placements that need mapping here:
             # the migration's whole point is that its copy needs none.
             reference = workspace.run("original", original, script_args, _environment(steps, setup.batch_scale, map_cuda=True))[0]
-            migrated = workspace.run("migrated", migrated_source, script_args, _environment(steps), setup.processes)
+            migrated = workspace.run("migrated", migrated_source, script_args, _migrated_environment(steps, words), setup.processes)
     except RunFailed as error:
         raise VerifyError(str(error)) from None
     if not reference["steps"] and not any(record["steps"] for record in migrated):
@@ -311,7 +322,7 @@ def _how(result: dict) -> str:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--to", "words", default=None, help="Codemods to verify, as for apply (e.g. workers,item or ddp; default: [tool.accelmigrate]'s, else apply's).")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1), help="Optimizer steps to compare.")
-@click.option("--nproc-per-node", "processes", default=2, show_default=True, type=click.IntRange(min=2), help="Processes for ddp.")
+@click.option("--nproc-per-node", "processes", default=2, show_default=True, type=click.IntRange(min=2), help="Processes for ddp and accelerate.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance instead of the one the words call for.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")

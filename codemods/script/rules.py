@@ -135,6 +135,11 @@ def _main_guard(f: SourceFacts) -> bool:
     return f.dataloader_calls > 0 or f.backward_calls > 0 or bool(starts & (f.names | f.attributes))
 
 
+def _accelerate(f: SourceFacts) -> bool:
+    """What ddp or amp would act on or refuse: accelerate takes over both."""
+    return _ddp(f) or _amp(f)
+
+
 def _training_step(f: SourceFacts) -> bool:
     """A backward call: tf32, cudnn-benchmark, compile and channels-last act
     only on a script with a training step (its model, its start)."""
@@ -161,6 +166,7 @@ RULES: Mapping[str, Rule] = {
     "amp": _amp,
     "ddp": _ddp,
     "fsdp": _fsdp,
+    "accelerate": _accelerate,
     "sync-bn": _sync_bn,
     "accumulate": _accumulate,
     "batch-scale": _batch_scale,

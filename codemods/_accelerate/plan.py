@@ -1,0 +1,431 @@
+"""Planning the move onto Accelerate: what the script model says is trained,
+placed, printed and saved, turned into edits of the original tree (`Plan`),
+or a `CannotMigrate` for what the codemod cannot make right.
+
+Everything the migrated code calls on `accelerator` must run where that
+name is visible: the training code lives in the entry point (the function
+the `__main__` block calls, or a flat script's module level).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from .._base import (
+    CLIP_GRAD_FUNCTIONS,
+    code_of,
+    dotted_name,
+    has_star_args,
+    is_docstring,
+    keyword_arg,
+)
+from ..script import vocabulary as v
+from ..script.entities import GRAD_SCALER
+from ..script.reduction import MEAN, SUM, backward_reduction
+from ..script.uses import uses_of
+from .common import (
+    ACCELERATOR,
+    ACCELERATOR_STATEMENT,
+    ADDED_NAMES,
+    CannotMigrate,
+    Plan,
+    accelerator_call,
+    expression,
+    statement,
+    unwrapped,
+)
+from .exits import ExitReading
+
+# What DistributedDataParallel answers itself, as the bare module would.
+WRAPPER_SAFE = frozenset(
+    {"train", "eval", "parameters", "named_parameters", "zero_grad", "to", "cpu", "cuda", "modules", "named_modules",
+     "children", "named_children", "buffers", "named_buffers", "apply", "requires_grad_", "training", "float",
+     "double", "half", "register_forward_hook", "register_full_backward_hook"}
+)  # fmt: skip
+# Read through `accelerator.unwrap_model(model)`: keys without `module.`, and the model's own attributes.
+THROUGH_UNWRAP = frozenset({"state_dict", "load_state_dict"})
+CLIP_METHODS = {"clip_grad_norm_": "clip_grad_norm_", "clip_grad_norm": "clip_grad_norm_", "clip_grad_value_": "clip_grad_value_"}
+WRITE_MODES = ("w", "a", "x")
+RANDOM_DRAWS = frozenset(f"torch.{f}" for f in ("randn", "rand", "randint", "randperm", "normal", "bernoulli", "multinomial", "randn_like", "rand_like", "randint_like"))
+
+
+class Planner:
+    def __init__(self, codemod) -> None:
+        self.codemod = codemod
+        self.script = codemod.script
+        self.uses = uses_of(self.script)
+        self.module: cst.Module = self.script.module
+        self.config = self.module.config_for_parsing
+        self.plan = Plan()
+
+    # -- the whole plan -----------------------------------------------------------------
+
+    def make(self) -> Plan:
+        self._refuse_if_already_distributed()
+        self._refuse_mixed_precision()
+        self._refuse_on_name_clash()
+        steps = self.script.training_steps
+        if not steps:
+            first = next((c for c in self.uses.calls if self.script.is_dataloader(c) or self.script.makes_optimizer(c)), None)
+            raise CannotMigrate(first or self.module, "AM820", "no `backward()` call found, so no training loop: accelerate changed nothing")
+        self.entry = self._entry_scope(steps)
+        self.body = self._entry_body()
+        self._plan_accelerator()
+        self._plan_devices()
+        self._plan_data_parallel()
+        prepared = self._plan_prepare(steps)
+        self._plan_backward(steps)
+        self._plan_clipping()
+        self._plan_model_attributes(prepared)
+        self._plan_output()
+        ExitReading(self.codemod).refuse_per_process_exits()
+        self._refuse_alike_draws()
+        return self.plan
+
+    # -- refusals -------------------------------------------------------------------------
+
+    def _calls(self, names) -> list[cst.Call]:
+        return [c for c in self.uses.calls if self.codemod.is_call_to(c, names)]
+
+    def _refuse_if_already_distributed(self) -> None:
+        for binding in self.script.imports:
+            qualified = binding.qualified or ""
+            if qualified == "accelerate" or qualified.startswith(("accelerate.", "accelmigrate.runtime")):
+                raise CannotMigrate(binding.node, "AM822", f"this script already imports `{qualified}`: accelerate changed nothing")
+        found = self._calls(v.ALREADY_DISTRIBUTED)
+        if found:
+            raise CannotMigrate(found[0], "AM822", "this script already sets up torch.distributed: accelerate changed nothing; move it onto Accelerate by hand or launch it as it is")
+
+    def _refuse_mixed_precision(self) -> None:
+        for call in self.uses.calls:
+            names = self.codemod.qualified_names(call.func)
+            if any(n in v.AUTOCAST or n in GRAD_SCALER or n.startswith((*v.AMP_PREFIXES, "apex.")) for n in names):
+                raise CannotMigrate(
+                    call, "AM821",
+                    "mixed precision (autocast, GradScaler, apex): accelerate changed nothing; remove the autocast "
+                    "blocks and the scaler (`scaler.scale(loss).backward()` -> `loss.backward()`, `scaler.step(opt)` -> "
+                    "`opt.step()`, no `scaler.update()`), run accelerate again, then pass "
+                    "`mixed_precision=\"fp16\"` (or \"bf16\") to `Accelerator(...)`",
+                )
+
+    def _refuse_on_name_clash(self) -> None:
+        for name in ADDED_NAMES:
+            for node in self.uses.names.get(name, ()):
+                parent = self.codemod.parent(node)
+                if isinstance(parent, cst.Attribute) and parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:
+                    continue
+                raise CannotMigrate(node, "AM825", f"`{name}` already names something in this file, and the migrated code needs that name: rename yours, then run accelerate again")
+
+    # -- where the accelerator lives ----------------------------------------------------
+
+    def _entry_scope(self, steps):
+        scopes = {step.function for step in steps}
+        entry = self.script.entry
+        if len(scopes) == 1:
+            (scope,) = scopes
+            if scope.kind == "module":
+                return scope
+            function = scope.function
+            if (
+                function is not None
+                and self.codemod.parent(function) is self.module
+                and entry.main_guard is not None
+                and self._called_in(entry.main_guard, function.name.value)
+                and function.name.value not in entry.runs_at_import
+                and not any(step.steps_in_caller for step in steps)
+            ):
+                return scope
+        step = steps[0]
+        raise CannotMigrate(
+            step.backward, "AM820",
+            f"the training step runs in `{step.function.name}`, not in the function the `__main__` block calls: "
+            f"accelerate changed nothing; move the training loop into that function (or make `accelerator` a "
+            f"parameter of `{step.function.name}` and its callers by hand), then run accelerate again",
+        )
+
+    def _called_in(self, block: cst.CSTNode, name: str) -> bool:
+        return any(
+            isinstance(c.func, cst.Name) and c.func.value == name
+            for c in self.uses.calls if any(a is block for a in self.codemod.ancestors(c))
+        )
+
+    def _entry_body(self) -> list:
+        node = self.entry.node
+        return list(node.body if isinstance(node, cst.Module) else node.body.body)
+
+    def in_entry(self, node: cst.CSTNode) -> bool:
+        scope = self.script.scope_of(node)
+        while scope.kind in ("lambda", "comprehension"):
+            scope = scope.parent
+        return scope is self.entry
+
+    def top_statement(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The statement of the entry point's own body that holds `node`."""
+        body = set(self.body)
+        if node in body:
+            return node
+        return next((a for a in self.codemod.ancestors(node) if a in body), None)
+
+    def _plan_accelerator(self) -> None:
+        if self.entry.kind == "module":
+            flat = set(self.script.entry.flat)
+            anchor = next((s for s in self.body if s in flat), None)
+        else:
+            anchor = next((s for s in self.body if not is_docstring(s)), None)
+        if anchor is None:
+            raise CannotMigrate(self.module, "AM820", "no code that runs in this file to make the `Accelerator` in: accelerate changed nothing")
+        self.accelerator_anchor = anchor
+        self.plan.before.setdefault(anchor, []).append(statement(ACCELERATOR_STATEMENT, self.config))
+        self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
+        self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
+
+    # -- devices ----------------------------------------------------------------------------
+
+    def _plan_devices(self) -> None:
+        for binding in self.script.devices:
+            if binding.kind == "parameter":
+                continue  # receives what the entry point passes: `accelerator.device`
+            if binding.kind in ("torch.device", "string", "get_device") and binding.scope is self.entry:
+                target = self.codemod.parent(binding.node)
+                assign = self.codemod.parent(target) if isinstance(target, cst.AssignTarget) else target
+                if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(binding.node, cst.Name):
+                    self.plan.edit(assign, lambda updated: updated.with_changes(value=expression(f"{ACCELERATOR}.device")))
+                    self.plan.fixes.append((assign, "AM803", f"`{binding.name} = {ACCELERATOR}.device`: the device accelerate gives this process"))
+                    continue
+            raise CannotMigrate(
+                binding.node, "AM827",
+                f"device `{binding.name}` chosen outside the entry point's own assignments: accelerate changed nothing; "
+                f"make it `{binding.name} = {ACCELERATOR}.device` after the Accelerator is made (each process has its own), then run accelerate again",
+            )
+        for call in self.uses.calls:
+            if not isinstance(call.func, cst.Attribute):
+                continue
+            method = call.func.attr.value
+            literal = method == "to" and call.args and isinstance(call.args[0].value, cst.SimpleString) and "cuda" in call.args[0].value.value
+            if method == "cuda" and not any(a.keyword is None for a in call.args) or literal:
+                if not self.in_entry(call):
+                    raise CannotMigrate(call, "AM827", f"`{code_of(call.func)}(...)` outside the entry point: accelerate changed nothing; place it on the device passed in (`.to(device)` with `device = {ACCELERATOR}.device`), then run accelerate again")
+                kept = [a for a in call.args[1 if literal else 0:] if a.keyword is not None]
+                self.plan.edit(call, lambda updated, kept=kept: updated.with_changes(
+                    func=updated.func.with_changes(attr=cst.Name("to")),
+                    args=[cst.Arg(value=expression(f"{ACCELERATOR}.device")), *([cst.Arg(keyword=a.keyword, value=a.value, equal=a.equal) for a in kept])],
+                ))
+                self.plan.fixes.append((call, "AM803", f"`.to({ACCELERATOR}.device)`: each process places its tensors on its own device"))
+        for call in self._calls(v.SET_DEVICE | v.CUDA_DEVICE_CONTEXT):
+            raise CannotMigrate(call, "AM827", "the script picks its GPU itself: accelerate changed nothing; remove the GPU selection (accelerate gives each process its GPU), then run accelerate again")
+        for call in self._calls({"torch.device"}):
+            if not any(b.node is call or self.codemod.parent(call) is self.codemod.parent(b.node) for b in self.script.devices):
+                if any(isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args):
+                    raise CannotMigrate(call, "AM827", f"`{code_of(call)}` in an expression: accelerate changed nothing; use `{ACCELERATOR}.device` there, then run accelerate again")
+
+    # -- DataParallel ---------------------------------------------------------------------
+
+    def _plan_data_parallel(self) -> None:
+        for call in self._calls(v.DATA_PARALLEL):
+            if not call.args or call.args[0].keyword is not None or has_star_args(call):
+                raise CannotMigrate(call, "AM806", "DataParallel whose module cannot be seen: remove it by hand, then run accelerate again")
+            self.plan.edit(call, lambda updated: updated.args[0].value)
+            self.plan.fixes.append((call, "AM806", "DataParallel removed: `accelerator.prepare` wraps the model for the processes the launch starts"))
+            self.codemod.remove_import_of(call.func)
+
+    # -- prepare ----------------------------------------------------------------------------
+
+    def _plan_prepare(self, steps) -> set:
+        names: dict[str, None] = {}
+        model_names: dict[str, None] = {}
+        for step in steps:
+            if not step.is_complete:
+                raise CannotMigrate(step.backward, "AM820", "a backward with no optimizer step in reach: accelerate changed nothing")
+            for model in step.models:
+                model_names[model.name] = None
+        if not model_names:
+            raise CannotMigrate(steps[0].backward, "AM820", "no model found whose forward makes the loss: accelerate changed nothing; pass the model through `accelerator.prepare` by hand")
+        names.update(model_names)
+        for step in steps:
+            for optimizer_step in step.optimizer_steps:
+                if optimizer_step.entity is None:
+                    raise CannotMigrate(optimizer_step.call, "AM820", f"optimizer `{optimizer_step.optimizer}` not traced to where it is made: accelerate changed nothing")
+                names[optimizer_step.entity.name] = None
+        self.training_loaders = []
+        for step in steps:
+            for loop in step.loops:
+                if loop.loader is not None:
+                    names[loop.loader.name] = None
+                    self.training_loaders.append(loop.loader)
+        if not self.training_loaders:
+            raise CannotMigrate(steps[0].backward, "AM820", "training loop over no DataLoader found: accelerate changed nothing; pass the training DataLoader through `accelerator.prepare` by hand")
+        for scheduler in self.script.schedulers:
+            if scheduler.scope is self.entry:
+                names[scheduler.name] = None
+        first_training = min(self.body.index(self.top_statement(step.backward)) for step in steps)
+        last_binding = self.body.index(self.accelerator_anchor)
+        for name in names:
+            if "." in name:
+                raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is not a plain name of the entry point: accelerate changed nothing; bind it to a name there and run accelerate again")
+            positions = [self.body.index(t) for b in self.entry.bindings.get(name, ()) for t in [self.top_statement(b.node)] if t is not None]
+            if not positions or max(positions) >= first_training:
+                raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is bound inside or after the training loop: accelerate changed nothing; make it once before the loop, then run accelerate again")
+            last_binding = max(last_binding, *positions)
+        for loader in self.training_loaders:
+            self._check_loader(loader)
+        listed = ", ".join(names)
+        anchor = self.body[last_binding]
+        self.plan.after.setdefault(anchor, []).append(statement(f"{listed} = {ACCELERATOR}.prepare({listed})", self.config))
+        self.plan.fixes.append((anchor, "AM802", f"`{ACCELERATOR}.prepare({listed})`: the model wrapped for the processes, the optimizer and scheduler step with it, and each process reads its slice of every batch"))
+        self.prepared_at = last_binding
+        self.model_names = set(model_names)
+        return set(model_names)
+
+    def _check_loader(self, loader) -> None:
+        call = loader.value
+        if not isinstance(call, cst.Call) or not self.script.is_dataloader(call):
+            raise CannotMigrate(loader.at, "AM829", f"training DataLoader `{loader.name}` not made by a DataLoader(...) call here: accelerate changed nothing")
+        if has_star_args(call):
+            raise CannotMigrate(call, "AM829", "training DataLoader with arguments that cannot be seen (`**kwargs`): accelerate changed nothing")
+        size = keyword_arg(call, "batch_size")
+        positional = [a for a in call.args if a.keyword is None]
+        if size is None and len(positional) >= 2:
+            size = positional[1]
+        if keyword_arg(call, "batch_sampler") is None and (size is None or isinstance(size.value, cst.Integer) and int(size.value.value) == 1):
+            raise CannotMigrate(call, "AM829", "training DataLoader with a batch of one: the processes cannot split it; give it a batch size that the number of processes divides, then run accelerate again")
+        shuffle = keyword_arg(call, "shuffle")
+        if shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False"):
+            self.plan.notes.append((call, "AM810", "shuffled training DataLoader: a world of one draws the original's order; on N processes every rank follows rank 0's generator (seeded by the script's own seed), so each epoch's samples are seen once, in another order than one process draws"))
+        drop_last = keyword_arg(call, "drop_last")
+        if drop_last is None or not (isinstance(drop_last.value, cst.Name) and drop_last.value.value == "True"):
+            self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True`, or a data set the batch size divides, keeps the original's steps"))
+
+    # -- backward and clipping -------------------------------------------------------------
+
+    def _plan_backward(self, steps) -> None:
+        for step in steps:
+            call = step.backward
+            if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward") or call.args:
+                raise CannotMigrate(call, "AM828", f"`{code_of(call)}`: accelerate changed nothing; write it as `loss.backward()` (one backward per forward, without `retain_graph`), then run accelerate again")
+            reduction = backward_reduction(self.script, call)
+            if reduction not in (MEAN, SUM, None):
+                raise CannotMigrate(call, "AM823", "a loss whose reduction over the batch cannot be read: accelerate changed nothing; DDP averages the processes' gradients, which is the original's gradient for a mean over the batch only")
+            loss = call.func.value
+            times = f" * {ACCELERATOR}.num_processes" if reduction == SUM else ""
+
+            def edit(updated, times=times):
+                value = updated.func.value
+                if times:
+                    value = cst.BinaryOperation(left=value, operator=cst.Multiply(), right=expression(f"{ACCELERATOR}.num_processes"))
+                return accelerator_call("backward", [cst.Arg(value=value)])
+
+            self.plan.edit(call, edit)
+            why = " times the number of processes: the loss sums over the batch, and DDP averages the processes' sums" if times else ""
+            self.plan.fixes.append((call, "AM804", f"`{ACCELERATOR}.backward({code_of(loss)}{times})`{why}"))
+
+    def _plan_clipping(self) -> None:
+        for call in self._calls(CLIP_GRAD_FUNCTIONS):
+            method = CLIP_METHODS[dotted_name(call.func).rsplit(".", 1)[-1]]
+            if not self.in_entry(call):
+                raise CannotMigrate(call, "AM805", f"gradient clipping outside the entry point: accelerate changed nothing; call `{ACCELERATOR}.{method}(...)` there by hand")
+            self.plan.edit(call, lambda updated, method=method: accelerator_call(method, updated.args))
+            self.plan.fixes.append((call, "AM805", f"`{ACCELERATOR}.{method}(...)`: clips the gradients the processes share"))
+
+    # -- the model behind DDP's wrapper ----------------------------------------------------
+
+    def _plan_model_attributes(self, prepared: set) -> None:
+        entities = {e for step in self.script.training_steps for e in step.models}
+        for name in self.uses.names:
+            for node in self.uses.names[name]:
+                parent = self.codemod.parent(node)
+                if not (isinstance(parent, cst.Attribute) and parent.value is node and self.uses.is_read(node)):
+                    continue
+                if self.in_entry(node):
+                    if name not in prepared or self._before_prepare(node):
+                        if parent.attr.value == "module" and self._had_data_parallel():
+                            self.plan.edit(parent, lambda updated: updated.value)
+                        continue
+                elif not entities.intersection(self.script.entities_of(node)):
+                    continue
+                self._plan_attribute(node, parent)
+
+    def _plan_attribute(self, node: cst.Name, attribute: cst.Attribute) -> None:
+        attr = attribute.attr.value
+        if attr in WRAPPER_SAFE:
+            return
+        if not self.in_entry(node):
+            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}` outside the entry point: DDP's wrapper hides the model's own attributes there; accelerate changed nothing; pass `{ACCELERATOR}.unwrap_model({node.value})` to that function, then run accelerate again")
+        if attr == "module":
+            self.plan.edit(attribute, lambda updated: unwrapped(updated.value))
+        elif attr in THROUGH_UNWRAP or not self.codemod.innermost_loop(node):
+            self.plan.edit(attribute, lambda updated: updated.with_changes(value=unwrapped(updated.value)))
+        else:
+            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}` while training: a model trained through its own methods skips DDP's gradient synchronisation; accelerate changed nothing; train it through `{node.value}(...)`")
+        self.plan.fixes.append((attribute, "AM809", f"`{ACCELERATOR}.unwrap_model({node.value})`: the bare model: DDP's wrapper hides its own attributes, and its state_dict keys carry no `module.`"))
+
+    def _before_prepare(self, node: cst.CSTNode) -> bool:
+        top = self.top_statement(node)
+        return top is not None and self.body.index(top) <= self.prepared_at
+
+    def _had_data_parallel(self) -> bool:
+        """`model.module` before `prepare` reads the DataParallel the migration removes."""
+        return bool(self._calls(v.DATA_PARALLEL))
+
+    # -- output -------------------------------------------------------------------------
+
+    def _plan_output(self) -> None:
+        saves = self._calls(v.TORCH_SAVE)
+        writes = [c for c in self.uses.calls if self._opens_for_writing(c)]
+        guarded = []
+        for call in saves + writes:
+            if not self.in_entry(call):
+                raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` outside the entry point writes on every process: accelerate changed nothing; write under `if {ACCELERATOR}.is_main_process:` in the entry point, then run accelerate again")
+            line = self._own_statement(call)
+            if line is None:
+                raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` inside a larger statement: accelerate changed nothing; give it a line of its own, then run accelerate again")
+            if self.codemod.is_suppressed(line, "AM808"):
+                continue
+            if call in saves:
+                self.plan.edit(call, lambda updated: accelerator_call("save", updated.args))
+            self.plan.guarded.add(line)
+            guarded.append(line)
+            self.plan.fixes.append((call, "AM808", f"written by the main process only (`if {ACCELERATOR}.is_main_process:`)" + (f", through `{ACCELERATOR}.save`" if call in saves else "")))
+        reads = self._calls(v.TORCH_LOAD)
+        if guarded and reads:
+            raise CannotMigrate(reads[0], "AM826", f"a file read back where the main process alone now writes: accelerate changed nothing; add `{ACCELERATOR}.wait_for_everyone()` between the write and the read by hand")
+        printed = 0
+        for call in self._calls({"builtins.print"}):
+            if self.in_entry(call):
+                self.plan.edit(call, lambda updated: accelerator_call("print", updated.args))
+                printed += 1
+                if printed == 1:
+                    self.plan.fixes.append((call, "AM807", f"`{ACCELERATOR}.print(...)`: printed once, by the main process"))
+            elif self.script.scope_of(call).kind != "module":
+                raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
+
+    def _refuse_alike_draws(self) -> None:
+        """Every process is seeded alike: a draw in the training loop (a GAN's
+        noise) gives each process the same numbers, where one process drew
+        different ones for each sample of the global batch."""
+        for call in self._calls(RANDOM_DRAWS):
+            loop = self.codemod.innermost_loop(call)
+            if loop is not None and self.uses.trains(loop.body):
+                raise CannotMigrate(
+                    call, "AM831",
+                    f"`{code_of(call.func)}(...)` in a loop that trains: every process draws the same numbers for its "
+                    f"slice of the batch; accelerate changed nothing; see `--to ddp` (draw_rank_share) or give each "
+                    f"process its own rows of the original's draw by hand",
+                )
+
+    def _opens_for_writing(self, call: cst.Call) -> bool:
+        if not self.codemod.is_call_to(call, {"builtins.open"}):
+            return False
+        mode = keyword_arg(call, "mode") or (call.args[1] if len(call.args) > 1 and call.args[1].keyword is None else None)
+        return mode is not None and isinstance(mode.value, cst.SimpleString) and any(m in mode.value.evaluated_value for m in WRITE_MODES)
+
+    def _own_statement(self, call: cst.Call) -> cst.CSTNode | None:
+        """The statement that holds `call` and nothing that must run on every process: a line of its own, or a
+        `with open(...)` block."""
+        for ancestor in self.codemod.ancestors(call):
+            if isinstance(ancestor, cst.SimpleStatementLine):
+                return ancestor if len(ancestor.body) == 1 and isinstance(self.codemod.parent(ancestor), (cst.IndentedBlock, cst.Module)) else None
+            if isinstance(ancestor, cst.With):
+                return ancestor if isinstance(self.codemod.parent(ancestor), (cst.IndentedBlock, cst.Module)) else None
+            if isinstance(ancestor, (cst.BaseCompoundStatement, cst.FunctionDef)):
+                return None
+        return None

@@ -1,0 +1,205 @@
+"""accelerate: a plain PyTorch training script -> Hugging Face Accelerate.
+
+What it does
+    Moves a script that trains in one process (with or without
+    `nn.DataParallel`) onto `accelerate.Accelerator`, so that the same file
+    runs on a CPU, one GPU or many processes (`accelerate launch`, torchrun),
+    and computes what the original computed:
+
+    - one `Accelerator` made at the start of the entry point (the function
+      the `__main__` block calls, or a flat script's first code), with
+      `DataLoaderConfiguration(split_batches=True)`: the DataLoader's batch
+      size stays the global batch, each process takes its slice of every
+      batch, and the steps per epoch stay what they were. (Accelerate 1.x
+      ignores `Accelerator(split_batches=True)`: the setting must come through
+      the DataLoaderConfiguration.) `cpu=not torch.cuda.is_available()`:
+      without it, torchrun's processes on a machine without CUDA each train
+      alone;
+    - the trained models, their optimizers, the training DataLoaders and the
+      entry point's schedulers passed through `accelerator.prepare(...)` once
+      they are all made; evaluation loaders stay whole (every process
+      evaluates the full set, so the numbers printed are one process's);
+    - `device = torch.device(...)` -> `device = accelerator.device`, and
+      `.cuda()` / `.to("cuda")` -> `.to(accelerator.device)`;
+    - `loss.backward()` -> `accelerator.backward(loss)` (times
+      `accelerator.num_processes` for a loss summed over the batch: DDP
+      averages the processes' gradients); `clip_grad_norm_` /
+      `clip_grad_value_` -> `accelerator.clip_grad_norm_` / `clip_grad_value_`;
+    - `nn.DataParallel(model)` -> `model`;
+    - `print` -> `accelerator.print`; `torch.save(...)` and `open(..., "w")`
+      blocks under `if accelerator.is_main_process:`, `torch.save` through
+      `accelerator.save`; `model.state_dict()`, `model.load_state_dict(...)`,
+      `model.module` and the model's own attributes outside the training loop
+      through `accelerator.unwrap_model(model)`, so checkpoint keys carry no
+      `module.`.
+
+    Data order: in a world of one `prepare` keeps the DataLoader's sampler,
+    so a seeded script draws the original's order and numbers. On N
+    processes accelerate gives a shuffling sampler a generator drawn from the
+    script's seed and makes every process follow rank 0's: each epoch every
+    sample is seen once, in the slices of one global batch, but not in the
+    order one process draws (AM810). An unshuffled script computes the
+    original's numbers on N processes too.
+
+Why
+    Accelerate runs one script on a CPU, GPUs, DeepSpeed or FSDP from a
+    config file; moving a script onto it by hand is easy to get subtly wrong
+    (a batch that silently doubles, processes that never join).
+
+Example
+    Before::
+
+        def main():
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            loader = DataLoader(train_set, batch_size=32)
+            model = nn.DataParallel(Net()).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for epoch in range(10):
+                for x, y in loader:
+                    x, y = x.to(device), y.to(device)
+                    optimizer.zero_grad()
+                    loss = criterion(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+                print(f"epoch {epoch}")
+            torch.save(model.state_dict(), "model.pt")
+
+    After::
+
+        def main():
+            accelerator = Accelerator(cpu=not torch.cuda.is_available(), dataloader_config=DataLoaderConfiguration(split_batches=True))
+            device = accelerator.device
+            loader = DataLoader(train_set, batch_size=32)
+            model = Net().to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            for epoch in range(10):
+                for x, y in loader:
+                    x, y = x.to(device), y.to(device)
+                    optimizer.zero_grad()
+                    loss = criterion(model(x), y)
+                    accelerator.backward(loss)
+                    optimizer.step()
+                accelerator.print(f"epoch {epoch}")
+            if accelerator.is_main_process:
+                accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
+
+Left alone (a finding says what to do by hand; nothing changes)
+    Scripts already distributed or on Accelerate (AM822); mixed precision,
+    GradScaler or apex (AM821: remove it, migrate, then pass
+    `mixed_precision=`); training steps outside the function the `__main__`
+    block calls, models, optimizers or loaders made in or after the training
+    loop or under a dotted name (AM820); devices chosen elsewhere, `.cuda()`
+    outside the entry point, GPU selection (AM827); backward with arguments
+    or `torch.autograd.backward` (AM828); losses of unclear reduction (AM823);
+    a model's own attributes outside the entry point or its methods in the
+    training loop (AM824); writes and prints outside the entry point, or a
+    file read back after the main process alone writes it (AM826); training
+    loaders with a batch of one or unseen arguments (AM829); names the
+    migrated code needs already used (AM825); a loop that trains left on
+    a value each process computes for itself (AM830); random draws in a loop that trains, alike
+    on every process (a GAN's noise, AM831).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+
+from ._accelerate.common import CannotMigrate, Plan, on_main_process
+from ._accelerate.plan import Planner
+from ._base import Codemod
+
+
+class AccelerateCodemod(Codemod):
+    word = "accelerate"
+    plans_in_visit_module = True
+    summary = "a plain or DataParallel script -> Hugging Face Accelerate (prepare, backward, main-process output)"
+    requires = ()
+    codes = {
+        "AM801": "script without an Accelerator",
+        "AM802": "model, optimizer and training DataLoader not prepared by Accelerate",
+        "AM803": "device chosen by the script, not by Accelerate",
+        "AM804": "backward outside accelerator.backward",
+        "AM805": "gradient clipping outside accelerator.clip_grad_norm_",
+        "AM806": "DataParallel: one process drives every GPU",
+        "AM807": "printing on every process",
+        "AM808": "checkpoint or file written on every process",
+        "AM809": "use of the model that needs the bare module (state_dict, its own attributes)",
+        "AM810": "shuffled training DataLoader: N processes draw another order than one",
+        "AM811": "last partial batch completed with the epoch's first samples on N processes",
+        "AM820": "training loop, entry point or trained objects that cannot be prepared",
+        "AM821": "mixed precision that accelerate does not migrate",
+        "AM822": "script already distributed or on Accelerate",
+        "AM823": "loss whose reduction over the batch cannot be read",
+        "AM824": "model used through its own attributes where DDP's wrapper hides them",
+        "AM825": "name needed by the migrated code already used",
+        "AM826": "output that cannot be moved to the main process safely",
+        "AM827": "device placement that cannot be given to Accelerate",
+        "AM828": "backward that accelerator.backward cannot take as written",
+        "AM829": "training DataLoader that the processes cannot split",
+        "AM830": "loop exit decided on each process's own value",
+        "AM831": "random draw in a loop that trains, alike on every process (a GAN's noise)",
+    }
+    notes = frozenset({"AM810", "AM811", "AM822"})
+    triggers = ("backward",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._plan = Plan()
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        try:
+            plan = Planner(self).make()
+        except CannotMigrate as failure:
+            self.report(failure.node, failure.code, failure.message)
+            return True
+        # All or nothing: a suppressed core step would leave a half migration.
+        if any(self.is_suppressed(n, c) for n, c, _ in plan.fixes if c in ("AM801", "AM802", "AM804")):
+            return True
+        for fix in plan.fixes:
+            self.fix(*fix)
+        for note in plan.notes:
+            self.report(*note)
+        for module, name in plan.imports:
+            self.add_import(module, name)
+        self._plan = plan
+        return True
+
+    def on_leave(self, original_node, updated_node):
+        updated_node = super().on_leave(original_node, updated_node)
+        edit = self._plan.edits.get(original_node)
+        if edit is not None and not isinstance(updated_node, cst.RemovalSentinel):
+            updated_node = edit(updated_node)
+        return updated_node
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self._rewrite_body(original_node.body, updated_node.body))
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self._rewrite_body(original_node.body, updated_node.body))
+
+    def _rewrite_body(self, originals: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode]) -> list:
+        plan = self._plan
+        result: list = []
+        run_open = False  # the last statement written is a main-process block that may take the next write
+        for original, statement in zip(originals, updated):
+            inserted = plan.before.get(original, ())
+            if inserted:
+                run_open = False
+                # The new lines go between the statement's comments and the statement.
+                result.append(inserted[0].with_changes(leading_lines=statement.leading_lines))
+                result.extend(inserted[1:])
+                statement = statement.with_changes(leading_lines=[])
+            if original in plan.guarded:
+                if run_open and not statement.leading_lines:
+                    # One block for consecutive writes.
+                    result[-1] = result[-1].with_changes(body=result[-1].body.with_changes(body=[*result[-1].body.body, statement]))
+                    result.extend(plan.after.get(original, ()))
+                    continue
+                statement = on_main_process([statement], statement)
+            result.append(statement)
+            run_open = original in plan.guarded and not plan.after.get(original)
+            result.extend(plan.after.get(original, ()))
+        return result

@@ -1,0 +1,211 @@
+"""The accelerate codemod (codemods/accelerate.py).
+
+- fast: the codemod never imports torch or accelerate; `explain accelerate`;
+  what a migrated script writes for the Accelerator (the batch setting that
+  accelerate 1.x honours); refusals leave the file as it was;
+- end to end (slow): bundled one-process scripts (fixtures/scripts/dp_parity.py,
+  a DataParallel script in main(); ddp_plain_flat.py, a flat script) migrated
+  with `--to accelerate` run as plain `python` and on 2 CPU processes under
+  torchrun (gloo, ACCELERATE_USE_CPU=true): each prints its epoch lines once,
+  writes one checkpoint whose keys carry no `module.`, and ends with the
+  one-process original's weights within 1e-5. A shuffled run keeps the
+  original's order in a world of one; on 2 processes every epoch's samples
+  are split between the ranks, each sample once, in a new order each epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SCRIPTS, TEARDOWN_ABORT, run_cli
+
+from accelmigrate.engine import migrate_source
+
+TOLERANCE = 1e-5
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TRAIN_SAMPLES = 256  # dp_parity.py's training set
+EPOCHS = 3
+
+
+def _migrate(source: str) -> object:
+    return migrate_source(source, [("accelerate", {})], "train.py")
+
+
+def test_codemod_does_not_import_torch_or_accelerate():
+    code = "import sys, codemods.accelerate; print('torch' in sys.modules, 'accelerate' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.split() == ["False", "False"], done.stderr
+
+
+def test_explain_prints_the_codemods_documentation():
+    done = run_cli("explain", "accelerate")
+    assert done.returncode == 0, done.stderr
+    assert "split_batches=True" in done.stdout and "AM821" in done.stdout
+
+
+def test_the_global_batch_setting_is_the_one_accelerate_reads():
+    # Accelerate 1.x accepts Accelerator(split_batches=True) and ignores it:
+    # the migrated script must say it through the DataLoaderConfiguration.
+    migrated = _migrate((SCRIPTS / "dp_parity.py").read_text()).code
+    assert "dataloader_config=DataLoaderConfiguration(split_batches=True)" in migrated
+    assert "Accelerator(split_batches" not in migrated
+    assert "accelmigrate" not in migrated.replace("# accelmigrate: skip", "")
+
+
+@pytest.mark.parametrize("script, code", [("gan_tutorial.py", "AM831"), ("ddp_early_exit.py", "AM830"), ("amp_old_api.py", "AM821")])
+def test_what_cannot_be_made_right_is_refused_whole(script, code):
+    source = (SCRIPTS / script).read_text()
+    result = _migrate(source)
+    assert result.code == source
+    assert [f.code for f in result.findings if not f.fixed] == [code]
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _on_two(script: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()), str(script), *args]
+
+
+class Launch:
+    def __init__(self, name: str, command: list[str], cwd: Path, env: dict) -> None:
+        self.name, self.command, self.cwd, self.env = name, command, cwd, env
+        self._start()
+
+    def _start(self) -> None:
+        self.out, self.err = self.cwd / f"{self.name}.out", self.cwd / f"{self.name}.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.process = subprocess.Popen(self.command, stdout=out, stderr=err, env=self.env, cwd=self.cwd)
+
+    def wait(self, reruns: int = 3) -> Launch:
+        try:
+            self.returncode = self.process.wait(600)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.returncode = self.process.wait()
+        self.stdout, self.stderr = self.out.read_text(), self.err.read_text()
+        if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and reruns:
+            self._start()  # see conftest.TEARDOWN_ABORT
+            return self.wait(reruns - 1)
+        assert self.returncode == 0, f"{self.name}: exit {self.returncode}\n{self.stdout[-2000:]}\n{self.stderr[-3000:]}"
+        return self
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("accelerate")
+    migrated = {}
+    for script in ("dp_parity.py", "ddp_plain_flat.py"):
+        result = _migrate((SCRIPTS / script).read_text())
+        assert "accelerator.prepare(" in result.code, [str(f) for f in result.findings]
+        migrated[script] = work / f"accelerate_{script}"
+        migrated[script].write_text(result.code)
+    folders = {}
+    for name in ("original", "plain", "two", "flat_original", "flat_plain", "flat_two",
+                 "shuffled_original", "shuffled_plain", "shuffled_two"):
+        folders[name] = work / name
+        folders[name].mkdir()
+    dp, flat = migrated["dp_parity.py"], migrated["ddp_plain_flat.py"]
+    cpu = _env(ACCELERATE_USE_CPU="true")
+
+    def parity(folder: str, shuffled: bool = False) -> list[str]:
+        extra = ["--shuffle", "--trace", str(folders[folder])] if shuffled else []
+        return ["--out", str(folders[folder]), "--epochs", str(EPOCHS), *extra]
+
+    launches = {
+        "original": [sys.executable, str(SCRIPTS / "dp_parity.py"), *parity("original")],
+        "plain": [sys.executable, str(dp), *parity("plain")],
+        "two": _on_two(dp, *parity("two")),
+        "flat_original": [sys.executable, str(SCRIPTS / "ddp_plain_flat.py"), str(folders["flat_original"])],
+        "flat_plain": [sys.executable, str(flat), str(folders["flat_plain"])],
+        "flat_two": _on_two(flat, str(folders["flat_two"])),
+        "shuffled_original": [sys.executable, str(SCRIPTS / "dp_parity.py"), *parity("shuffled_original", True)],
+        "shuffled_plain": [sys.executable, str(dp), *parity("shuffled_plain", True)],
+        "shuffled_two": _on_two(dp, *parity("shuffled_two", True)),
+    }
+    started = [Launch(name, command, work, cpu) for name, command in launches.items()]
+    return {launch.name: launch.wait() for launch in started}, folders
+
+
+def _checkpoints(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix == ".pt")
+
+
+def _weights(folder: Path) -> dict:
+    import torch
+
+    (checkpoint,) = _checkpoints(folder)
+    return torch.load(checkpoint)
+
+
+def _largest_difference(original: dict, migrated: dict) -> float:
+    # The DataParallel original saves `module.` keys; the migrated script must not.
+    original = {key.removeprefix("module."): value for key, value in original.items()}
+    assert set(original) == set(migrated)
+    return max((original[key] - migrated[key]).abs().max().item() for key in original)
+
+
+def _epoch_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("epoch")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("original, migrated", [("original", "plain"), ("original", "two"), ("flat_original", "flat_plain"), ("flat_original", "flat_two")])
+def test_migrated_script_ends_with_the_originals_weights(runs, original, migrated):
+    _, folders = runs
+    assert len(_checkpoints(folders[migrated])) == 1, "one checkpoint, written by the main process"
+    weights = _weights(folders[migrated])
+    assert not any(key.startswith("module.") for key in weights)
+    assert _largest_difference(_weights(folders[original]), weights) <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("migrated", ["plain", "two"])
+def test_epoch_lines_are_printed_once_with_the_originals_accuracy(runs, migrated):
+    launches, _ = runs
+    expected = _epoch_lines(launches["original"].stdout)
+    assert len(expected) == EPOCHS
+    assert _epoch_lines(launches[migrated].stdout) == expected
+
+
+def _traces(folder: Path) -> list[list[list[int]]]:
+    """Per writer, per epoch, the sample indices trained on."""
+    return [[[int(i) for i in line.split()] for line in p.read_text().splitlines()] for p in sorted(folder.glob("seen-*.txt"))]
+
+
+@pytest.mark.slow
+def test_shuffled_world_of_one_trains_in_the_originals_order(runs):
+    _, folders = runs
+    assert _traces(folders["shuffled_plain"]) == _traces(folders["shuffled_original"])
+    assert _largest_difference(_weights(folders["shuffled_original"]), _weights(folders["shuffled_plain"])) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_shuffled_two_processes_split_each_epoch_in_a_new_order(runs):
+    # Accelerate's sampler follows rank 0's generator on every process: the
+    # ranks take the two halves of each global batch, every sample once an
+    # epoch, in another order than one process draws (finding AM810).
+    _, folders = runs
+    first, second = _traces(folders["shuffled_two"])
+    assert len(first) == len(second) == EPOCHS
+    for mine, theirs in zip(first, second):
+        assert not set(mine) & set(theirs)
+        assert sorted(mine + theirs) == list(range(TRAIN_SAMPLES))
+    assert first[0] != first[1]

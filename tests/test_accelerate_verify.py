@@ -1,0 +1,69 @@
+"""`accelmigrate verify --to accelerate`: the migrated copy on 2 CPU processes
+(torchrun, gloo, ACCELERATE_USE_CPU=true set by verify) against the original
+in one: the mean of the ranks' losses is the original's at every step (each
+rank's loss is the mean over its half of the global batch), and every rank
+ends each step with the same weights. A flat script, and one whose loss sums
+over the batch (the migrated backward multiplies by the number of processes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import SCRIPTS, TEARDOWN_ABORT
+
+from accelmigrate.verify import verify_command
+
+pytestmark = pytest.mark.slow
+
+SUMMED_LOSS = '''\
+import sys
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+x = torch.randn(96, 6)
+y = x @ torch.randn(6, 2)
+loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=False)
+model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.002)
+criterion = torch.nn.MSELoss(reduction="sum")
+for epoch in range(2):
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+    print(f"epoch {epoch} loss {loss.item():.4f}")
+'''
+
+
+def run_verify(*args: str):
+    runner = CliRunner()
+    result = runner.invoke(verify_command, ["--json", *args], catch_exceptions=False)
+    if result.exit_code != 0 and TEARDOWN_ABORT in result.output:  # see conftest.TEARDOWN_ABORT
+        result = runner.invoke(verify_command, ["--json", *args], catch_exceptions=False)
+    output = result.output
+    return result.exit_code, (json.loads(output) if output.lstrip().startswith("{") else output)
+
+
+def test_flat_script_on_two_processes_matches_one(tmp_path: Path):
+    script = tmp_path / "ddp_plain_flat.py"
+    script.write_text((SCRIPTS / "ddp_plain_flat.py").read_text())
+    code, result = run_verify(str(script), "--to", "accelerate", "--steps", "4", "--", str(tmp_path))
+    assert code == 0, result
+    assert result["processes"] == 2
+    assert result["verdict"] == "same"
+
+
+def test_loss_summed_over_the_batch_on_two_processes_matches_one(tmp_path: Path):
+    script = tmp_path / "summed.py"
+    script.write_text(SUMMED_LOSS)
+    code, result = run_verify(str(script), "--to", "accelerate", "--steps", "6")
+    assert code == 0, result
+    assert result["processes"] == 2
+    assert result["verdict"] == "same"
