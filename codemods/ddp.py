@@ -19,8 +19,15 @@ What it does
       its DataParallel, as does a second model that only reloads a checkpoint
       for inference), at the binding that training calls (an optimizer built
       in a factory from its parameter gets the model wrapped where the
-      factory is called) (only when there is a process group, so a world of
-      one runs the bare model). Where several models train and one of them
+      factory is called; so does one built by the model's own method,
+      nanoGPT's `optimizer = model.configure_optimizers(...)` over param
+      groups of its named parameters, or by a factory given
+      `model.parameters()`) (only when there is a process group, so a world of
+      one runs the bare model). The wrap comes after the model's last move
+      (`model.cuda()` after the optimizer is made, `if args.cuda:
+      net = nn.DataParallel(net); net.cuda()`, whose move keeps its
+      condition): `.cuda()`/`.to()` move a module's parameters in place, so
+      the optimizer already holds the ones DDP wraps. Where several models train and one of them
       is called more than once per step (a discriminator on real and fake
       batches), that one gets `**rank_local_buffers()`: DDP would otherwise
       overwrite its BatchNorm statistics in place between forwards that
@@ -51,6 +58,9 @@ What it does
       (`if rank_zero_decides(loss.item() < target): break`, early stopping,
       a `while` test) wherever the condition may differ between ranks: a
       rank leaving alone would leave the others waiting in an all-reduce;
+      an exit nested in the branches of other tests (a patience counter in
+      the `else:` of the improvement test) gets each test on its way
+      decided too, outermost first, so every rank reaches the exit alike;
     - gives each training DataLoader a `SeededDistributedSampler` (the
       runtime's DistributedSampler) that carries its old `shuffle=` (and
       `generator=`): in a world of one it shuffles exactly as `shuffle=True`
@@ -68,6 +78,32 @@ What it does
       keep the global batch. A batch size known to be odd (a literal, a
       constant, an argparse default of 1) gets a finding: no even number of
       processes can split it;
+      a DataLoader given its arguments as a dict (`DataLoader(dataset,
+      **train_kwargs)`, built and `.update()`d as the classic examples do)
+      gets `**sharded_loader_kwargs(dataset, train_kwargs)`: the dict as it is
+      at run time, nothing lost, with the sampler in place of its `shuffle=`
+      and its batch size split. A loader a trainer class keeps
+      (`self.train_loader = train_loader` in `__init__`) is found where a
+      method iterates it, and set_epoch goes into the epoch loop of the
+      method that calls that one;
+    - where no DataLoader feeds training, gives each rank its share of the
+      batch the step draws itself (slices of a data set tensor in a range
+      loop, `X[i:i + B]`; whole tensors every step; what a function of the
+      file returns, `inp, target = get_batch()`), found from the loss back
+      through the step's assignments, the model's and the criterion's
+      arguments: `rank_share(X[i:i + B])`, the rows `rank, rank + world,
+      ...` as DistributedSampler would give them, together the original's
+      batch. A batch the processes cannot split evenly goes whole to every
+      rank (the mean over unequal shares is not the batch's mean); a loss
+      summed over the batch takes unequal shares (`summed=True`), whose
+      gradients `sum_gradients_across_ranks` adds up. A state the model's
+      own method makes for the batch (`model.init_hidden(8)`) is sized
+      `per_process_batch_size(8)`. Left whole, with a finding, where any of
+      it cannot be read: a random draw, a tensor of a fixed size or an
+      outside tensor in arithmetic in the step, a loop's item, a recurrent
+      or attention layer without `batch_first=True` (its batch is not the
+      first dimension), an RL agent's environment or replay buffer (each
+      rank would step its own environment);
     - gives each rank its own share of the random draws sized by the batch
       in a loop that trains (a GAN's noise, `torch.randn(batch, latent)`
       with `batch = real.size(0)` or the loader's batch size; `torch.rand`
@@ -92,6 +128,15 @@ What it does
       `barrier()` right after the write; copying, moving or replacing a file
       that rank 0 alone wrote (`shutil.copyfile(filename,
       "model_best.pth.tar")` under `if is_best:`) is rank 0's as well;
+    - writes TensorBoard events, wandb runs and CSV logs once (AM528): a
+      `SummaryWriter` (torch's or tensorboardX's, at module level, in main
+      or as `self.writer`) is made on rank 0 only, the others hold a
+      `NullWriter` whose methods write nothing, so every line that logs
+      still runs on every rank (a value needing a collective is computed as
+      before); `wandb.init(...)` gets `mode=... if is_main_process() else
+      "disabled"`; a file opened for writing that cannot go under the guard
+      (`log = open(path, "w")` for a `csv.writer`, a `with open(...)` around
+      the training loop) is opened as `os.devnull` on the other ranks;
     - makes folders that every rank creates at once safe (AM537): under
       `if not os.path.exists(d):` the call becomes `os.makedirs(d,
       exist_ok=True)` (the folder is missing there in a world of one; a
@@ -105,7 +150,12 @@ What it does
       `unwrap_model(model)`, so checkpoint keys carry no `module.` prefix;
       so do the model's own methods and attributes outside training
       (`model.decode(z)` when sampling, `model.latent_dim`, `model.layer4`
-      for a hook), `model[0]`, and tools that trace or inspect the module
+      for a hook), and in training those that compute nothing from the
+      parameters (an RNN's `init_hidden()`: zeros of a parameter's dtype)
+      or whose result is detached where it is made (`model.encoder(x)
+      .detach().cpu().numpy()` for a metric); a method that only returns
+      `self(x)` becomes a call of the wrapper (`model.predict(x)` ->
+      `model(x)`); `model[0]`, and tools that trace or inspect the module
       (`writer.add_graph(model, ...)`, torchinfo's `summary(model)`);
     - gives `--local_rank` / `--local-rank` a default read from LOCAL_RANK,
       where torchrun puts it.
@@ -153,20 +203,26 @@ Left alone (a finding says what to do by hand)
     DataParallel where no optimizer shows which of them trains; no
     `backward()` (no training loop) or no optimizer over a model's
     parameters; a model trained through its own
-    methods (`model.encode(x)`: DDP synchronises gradients only through
-    `model(...)`), or a model class whose own methods hold the training loop
+    methods (`model.encode(x)` computing the loss outside `forward`: DDP
+    synchronises gradients only through `model(...)`), or a model class whose own methods hold the training loop
     (a method cannot rebind `self`); a model rebound or moved after the
     wrap, returned from a function, or wrapped under a condition that does
-    more than print; two backward passes through one forward
+    more than print and move the model; two backward passes through one forward
     (`retain_graph=True`); a loop exit under a condition that not every
-    rank reaches; training DataLoaders with a custom `sampler=` or `batch_sampler=`,
-    unseen arguments (`**kwargs`), no batch size, or no name of their own;
-    epoch loops without a plain loop variable (`while`); output whose
-    arguments may run collectives (`print(evaluate(model))`) or that shares
-    its line; SummaryWriter; `download=True` on every rank; a `torch.load`
+    rank reaches, nor can be made to by deciding the tests around it;
+    training DataLoaders with a custom `sampler=` or `batch_sampler=`,
+    `**kwargs` beside their batch or shuffle arguments, no batch size, or no
+    name of their own;
+    epoch loops without a plain loop variable (`while`); output other than
+    `print` whose arguments may run collectives (`logger.info(evaluate(model))`;
+    `print(evaluate(model))` prints to a `NullWriter` on the other ranks, which
+    still compute it), or that shares its line; a writer used other than through its methods
+    (`writer.log_dir` read into a path); `download=True` on every rank; a `torch.load`
     that may read what rank 0 is still writing elsewhere (another function,
     or under a branch some ranks may not take); a file that only defines
-    (where to call `init_distributed()`). Evaluation DataLoaders stay whole:
+    (where to call `init_distributed()`), or whose training loop is in an
+    imported function given the model and optimizer built here (the finding
+    names it, AM521). Evaluation DataLoaders stay whole:
     every rank evaluates the full set, so rank 0 prints the numbers a single
     process would. Names the migrated code needs but the file already uses
     stop the migration.
@@ -179,11 +235,13 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from ._base import dotted_name, keyword_arg
+from ._options import ddp_batch_mode
 from ._ddp.common import RUNTIME, CannotMigrate, Edit, Insertion, Step, take_leading
 from ._ddp.decisions import RankDecisions
 from ._ddp.entry import ProcessGroupEntry
 from ._ddp.loaders import LoaderSharding
 from ._ddp.output import RankZeroOutput
+from ._ddp.sibling_loop import ImportedTrainingLoop
 from ._ddp.wrap import ModelWrapping
 from .script import vocabulary as v
 from .script.uses import uses_of
@@ -204,6 +262,9 @@ ADDED_NAMES = {
     "rank_zero_decides": RUNTIME,
     "sum_gradients_across_ranks": "accelmigrate.runtime.gradients",
     "draw_rank_share": RUNTIME,
+    "rank_share": RUNTIME,
+    "sharded_loader_kwargs": RUNTIME,
+    "NullWriter": "accelmigrate.runtime.rank_zero",
 }
 # Mechanical consequences of running on several ranks: one finding per file, at the first.
 ONE_FINDING_PER_FILE = {
@@ -218,18 +279,10 @@ ONE_FINDING_PER_FILE = {
     ),
 }
 # Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
-ADDED_WHERE_NEEDED = frozenset({"barrier", "rank_zero_decides", "draw_rank_share"})
+ADDED_WHERE_NEEDED = frozenset({"barrier", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
 
 
-def _batch_mode(options) -> str:
-    """`ddp` (the global batch stays) or `ddp=per-process` (each process keeps it)."""
-    value = options.get("value", "").strip().lower().replace("_", "-")
-    if value not in ("", "global", "per-process"):
-        raise ValueError(f"unknown option {value!r} (use ddp=per-process)")
-    return value or "global"
-
-
-class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry):
+class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry, ImportedTrainingLoop):
     word = "ddp"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "DataParallel or one process -> DistributedDataParallel, DistributedSampler, rank-0 output"
@@ -265,19 +318,16 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM534": "batch size that the processes cannot split evenly",
         "AM537": "folder created on every rank at once",
         "AM538": "BatchNorm statistics computed on each process's share of the batch (see sync-bn)",
+        "AM539": "batch drawn without a DataLoader (by index, whole tensors, a function's results), alike on every rank",
     }
     # AM526: the script already sets up torch.distributed itself (or ddp's own
     # output does); nothing in it to change, only to launch.
     notes = frozenset({"AM524", "AM526", "AM538"})
     triggers = ("DataParallel", "DataLoader", "optim", "local_rank", "local-rank", "backward")
 
-    @classmethod
-    def check_options(cls, options) -> None:
-        _batch_mode(options)
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.per_process = _batch_mode(self.options) == "per-process"
+        self.per_process = ddp_batch_mode(self.options) == "per-process"
         self._edits: dict[cst.CSTNode, Edit] = {}
         self._before: dict[cst.CSTNode, list[Insertion]] = {}
         self._after: dict[cst.CSTNode, list[cst.BaseStatement]] = {}
@@ -323,6 +373,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         self._refuse_if_already_distributed()
         self._refuse_on_name_clash()
         if not self._uses.backward_calls:
+            self._refuse_if_trained_elsewhere()
             first = next((c for c in self._uses.calls if self._is_model_or_loader_call(c)), None)
             if first is not None:
                 raise CannotMigrate(

@@ -14,9 +14,11 @@ Helpers that migrated scripts call: `is_distributed()`, `is_main_process()`,
 `global_rank()`, `world_size()`, `ddp_device_ids(model)`,
 `unwrap_model(model)`, `per_process_batch_size(batch_size)`, `barrier()`,
 `sum_across_ranks(...)`, `mean_across_ranks(total, count)`,
-`rank_zero_decides(condition)`, `rank_local_buffers()` and
-`draw_rank_share(draw, batch, *size)`; and
-`SeededDistributedSampler`, the training DataLoader's sampler.
+`rank_zero_decides(condition)`, `rank_local_buffers()`,
+`draw_rank_share(draw, batch, *size)` and `rank_share(batch)` (a batch drawn
+without a DataLoader); and `SeededDistributedSampler`, the training
+DataLoader's sampler (`sharded_loader_kwargs(dataset, kwargs)` where the
+DataLoader is given `**kwargs`).
 
 Imports torch and the standard library only.
 """
@@ -198,6 +200,65 @@ def draw_rank_share(draw: Callable[..., torch.Tensor], batch: int, *size: int, *
     return draw(batch * world, *size, **kwargs)[env.rank() :: world].contiguous()  # `.view()` as before
 
 
+def rank_share(batch: Any, summed: bool = False) -> Any:
+    """This rank's share of a batch the script draws without a DataLoader
+    (`X[i:i + B]`, a whole data set tensor, what a `get_batch()` returns):
+    its rows `rank, rank + world, ...`, as DistributedSampler would give this
+    rank of the global batch, so that the ranks' shares together are the
+    original's batch. A NumPy array is shared as a tensor is; a tuple, list
+    or dict item by item; what is neither (or has no rows) is returned as it
+    is, and so is everything in a world of one.
+
+    The ranks' gradients are averaged: that is the original's gradient of a
+    mean loss only when the shares are equal, so a batch whose rows do not
+    divide evenly by the world size is given whole to every rank (each rank
+    then computes the original's gradient itself). A loss summed over the
+    batch (`summed=True`, whose gradients `sum_gradients_across_ranks` adds
+    up) needs disjoint shares whatever their sizes: they are always taken."""
+    world = env.world_size()
+    if world == 1:
+        return batch
+    if isinstance(batch, dict):
+        return type(batch)((key, rank_share(value, summed)) for key, value in batch.items())
+    if isinstance(batch, (tuple, list)):
+        shared = [rank_share(item, summed) for item in batch]
+        return type(batch)(*shared) if hasattr(batch, "_fields") else type(batch)(shared)
+    rows = _rows(batch)
+    if rows is None or (rows % world != 0 and not summed):
+        return batch
+    share = batch[env.rank() :: world]
+    return share.contiguous() if isinstance(share, torch.Tensor) else share  # `.view()` as before
+
+
+def _rows(batch: Any) -> Optional[int]:
+    """The number of rows of a tensor or a NumPy array; None for anything else."""
+    shape = getattr(batch, "shape", None)
+    if isinstance(batch, (torch.Tensor,)) or (shape is not None and hasattr(batch, "__getitem__") and type(batch).__module__ == "numpy"):
+        return int(shape[0]) if len(shape) > 0 else None
+    return None
+
+
+def sharded_loader_kwargs(dataset: Dataset, kwargs: dict, split_batch: bool = True) -> dict:
+    """The keyword arguments of a training `DataLoader(dataset, **kwargs)`
+    for this rank: what `kwargs` holds (it is not changed), with a
+    SeededDistributedSampler in place of `shuffle=` (shuffling as that did,
+    from the same `generator=`, which the DataLoader keeps for its workers)
+    and, unless `split_batch` is False, this process's share of
+    `batch_size` (see `per_process_batch_size`)."""
+    for name in ("sampler", "batch_sampler"):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"a training DataLoader given its own `{name}=`: it must give each rank a different share of the "
+                f"data (see DistributedSampler), or every rank trains on the same samples"
+            )
+    sharded = {key: value for key, value in kwargs.items() if key not in ("sampler", "batch_sampler", "shuffle")}
+    shuffle = bool(kwargs.get("shuffle") or False)
+    sharded["sampler"] = SeededDistributedSampler(dataset, shuffle=shuffle, generator=kwargs.get("generator"))
+    if split_batch and kwargs.get("batch_size", 1) is not None:  # None: samples one by one, nothing to split
+        sharded["batch_size"] = per_process_batch_size(kwargs.get("batch_size", 1))
+    return sharded
+
+
 class SeededDistributedSampler(DistributedSampler):
     """A DistributedSampler for this launch whose order is the one the
     original `DataLoader(shuffle=True)` drew, from the script's own seeding.
@@ -332,7 +393,9 @@ __all__ = [
     "mean_across_ranks",
     "per_process_batch_size",
     "rank_local_buffers",
+    "rank_share",
     "rank_zero_decides",
+    "sharded_loader_kwargs",
     "sum_across_ranks",
     "unwrap_model",
     "world_size",

@@ -14,11 +14,12 @@ from typing import Callable, Optional
 import libcst as cst
 
 from .._base import is_name, keyword_arg, walk
+from ..script.entities import plain_forward, touches_no_parameter
 from ..script.reduction import sums_over_batch
 from ..script.uses import FOLLOW_DEPTH
 from .aliases import ModelAliases
 from .common import CannotMigrate, Insertion, Var, first_positional
-from .queries import method_of
+from .queries import detached_where_made, method_of
 from .references import MODULE_API, UNWRAP_API, ModelReferences
 from .unused import OUTPUTS_NOTE, UnusedParameters
 
@@ -113,9 +114,18 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         last = anchor
         names = self._alias_group(model)  # `model.to(device)` moves `net` too, after `model = net`
         for statement in body[body.index(anchor) + 1:]:
-            if any(self._moves_model(statement, name) for name in names):
+            if any(self._moves_model(statement, name) or self._moves_model_if(statement, name) for name in names):
                 last = statement
         return last
+
+    def _moves_model_if(self, statement: cst.CSTNode, model: Var) -> bool:
+        """`if args.cuda: model.cuda()` (no `else`; nothing else but output):
+        the wrap goes after the `if`, the move keeps its condition."""
+        if not (isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock)):
+            return False
+        inner = statement.body.body
+        moves = [s for s in inner if self._moves_model(s, model)]
+        return bool(moves) and all(s in moves or self._is_output_statement(s) for s in inner)
 
     def _moves_model(self, statement: cst.CSTNode, model: Var) -> bool:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -142,7 +152,7 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         for site in sites:
             for var in self._models_trained_by(site):
                 if only is None or var in only:
-                    models.setdefault(var, site)
+                    models.setdefault(var, (self._made_by_method or {}).get(var, site))
         if not models:
             node = sites[0] if sites else self._uses.backward_calls[0]
             raise CannotMigrate(
@@ -362,11 +372,8 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         params = first_positional(optimizer) or keyword_arg(optimizer, "params")
         if params is None:
             return []
-        expressions = [params.value]
-        if isinstance(params.value, cst.Name):  # params = [p for p in model.parameters() if ...]
-            expressions.extend(self._assigned_values(params.value))
         models: dict[Var, None] = {}
-        for expression in expressions:
+        for expression, passed_at in self._parameter_sources(params.value):
             for node in walk(expression):
                 if (
                     isinstance(node, cst.Call)
@@ -374,9 +381,83 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                     and node.func.attr.value in ("parameters", "named_parameters")
                 ):
                     root = self._root_var(node.func.value)
-                    if root is not None:
-                        models[root] = None
+                    for var in self._instances_of_factory_method(root, optimizer) if root is not None else ():
+                        models[var] = None
+                        if passed_at is not None:  # make_optimizer(name, model.parameters(), lr)
+                            self._made_at(var, passed_at)
         return list(models)
+
+    def _made_at(self, model: Var, call: cst.Call) -> None:
+        if self._made_by_method is None:
+            self._made_by_method = {}
+        self._made_by_method.setdefault(model, call)
+
+    def _parameter_sources(self, params: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """`params` and the values of the names it is computed from, a few
+        assignments deep: `decay = [p for p in named.values() if ...]` with
+        `named = {n: p for n, p in model.named_parameters()}`, in param groups
+        `[{"params": decay, "weight_decay": 0.1}, ...]`."""
+        found, pending, seen = [(params, None)], [(params, None)], set()
+        for _ in range(FOLLOW_DEPTH + 1):
+            names = [
+                (n, at) for expression, at in pending for n in walk(expression)
+                if isinstance(n, cst.Name) and n.value not in seen
+            ]
+            seen.update(n.value for n, _ in names)
+            pending = [(value, at) for name, at in names for value in self._assigned_values(name)]
+            pending += [passed for name, at in names if at is None for passed in self._passed_for(name)]
+            found.extend(pending)
+        return found
+
+    def _passed_for(self, name: cst.Name) -> list[tuple[cst.BaseExpression, cst.Call]]:
+        """For a parameter of the file's function called from one place (an
+        optimizer factory, `def make_optimizer(name, params, lr)`): what that
+        call passes for it, and the call."""
+        bindings = self.script.bindings_of(name.value, name)
+        if len(bindings) != 1 or bindings[0].kind != "param":
+            return []
+        function = self.script.flow.functions.get(bindings[0].scope.node)
+        if function is None or len(function.callers) != 1:
+            return []
+        site = function.callers[0]
+        passed = site.arguments.get(name.value)
+        return [(passed, site.call)] if passed is not None else []
+
+    _made_by_method: Optional[dict] = None  # model -> the call that makes its optimizer elsewhere (a method, a factory)
+
+    def _instances_of_factory_method(self, root: Var, optimizer: cst.Call) -> list[Var]:
+        """The model itself, or, for `self` in a method of the model's class
+        that builds and returns the optimizer without training
+        (`def configure_optimizers(self, ...)`, nanoGPT's), each model the
+        script calls that method on: `optimizer = model.configure_optimizers(...)`
+        trains `model`."""
+        if root.is_attribute or root.name != "self" or root.owner.kind != "function":
+            return [root]
+        method = root.owner.node
+        klass = next((a for a in self.ancestors(method) if isinstance(a, cst.ClassDef)), None)
+        if klass is None or self._trains(method.body) or not self._returns_value_of(method, optimizer):
+            return [root]
+        found = []
+        for call in self._uses.calls:
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == method.name.value):
+                continue
+            var = self._var_of(func.value)
+            if var is not None and var != root and self._own_class(var) is klass:
+                self._made_at(var, call)
+                found.append(var)
+        return found or [root]
+
+    def _returns_value_of(self, function: cst.FunctionDef, call: cst.Call) -> bool:
+        """`return <call>`, or `optimizer = <call>` and then `return optimizer`, in `function`."""
+        names = set()
+        for node in walk(function.body, into_definitions=False):
+            if isinstance(node, cst.Return) and node.value is not None:
+                if node.value is call or (isinstance(node.value, cst.Name) and node.value.value in names):
+                    return True
+            elif isinstance(node, cst.Assign) and node.value is call and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+                names.add(node.targets[0].target.value)
+        return False
 
     def _bare_model_anchor(self, model: Var, optimizer: cst.Call) -> tuple[cst.CSTNode, bool]:
         """Where the wrap goes: after the last statement that binds or moves the
@@ -396,6 +477,9 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                 best = statement
         if best is not None:
             return self._after_moves(best, model), False
+        built_before_calls = self._global_built_before_calls(model, optimizer, bindings)
+        if built_before_calls is not None:
+            return self._after_moves(built_before_calls, model), False
         statement, block = self._block_statement(optimizer)
         if statement is None or self.innermost_loop(statement) is not None:
             raise CannotMigrate(
@@ -404,6 +488,26 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                 f"`if is_distributed(): {model.code} = DistributedDataParallel({model.code}, device_ids=ddp_device_ids({model.code}))`",
             )
         return statement, True
+
+    def _global_built_before_calls(self, model: Var, site: cst.Call, bindings: list) -> Optional[cst.CSTNode]:
+        """A module-level model that a function trains by reading the global
+        (`def train(): ... for p in model.parameters(): ...`, called from the
+        entry point): its last binding, when every binding shares one block and
+        every call of that function comes after it. The function reads the
+        global when it runs, so it sees the wrapper."""
+        if model.is_attribute or model.owner is not self.script.module_scope or not bindings:
+            return None
+        function = next((a for a in self.ancestors(site) if isinstance(a, cst.FunctionDef)), None)
+        known = self.script.flow.functions.get(function) if function is not None else None
+        if known is None or not known.callers or len({id(self.parent(s)) for s in bindings}) != 1:
+            return None
+        last = max(bindings, key=self._position)
+        if self.innermost_loop(last) is not None:
+            return None
+        end = self._position(last, end=True)
+        if all(self._position(caller.call) > end for caller in known.callers):
+            return last
+        return None
 
     def _statements_binding(self, model: Var) -> list[cst.CSTNode]:
         """Plain statements (alone on their line, in a block) that assign or move
@@ -430,12 +534,47 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                 )
         for reference, _ in self._followed_references(model):
             method = self._own_method_called(reference)
-            if method is not None and (self._in_training(reference) or self._method_trains_model(model, method)):
+            if method is None:
+                continue
+            if self._method_trains_model(model, method) or (
+                self._in_training(reference) and not self._bare_call_keeps_gradients(model, reference, method)
+            ):
                 raise CannotMigrate(
                     reference, "AM527",
                     f"the model's own method `{method}` is called: under DistributedDataParallel gradients are "
                     f"synchronised only through `model(...)`; route the computation through `forward`, then run ddp again",
                 )
+
+    def _bare_call_keeps_gradients(self, model: Var, reference: cst.CSTNode, method: str) -> bool:
+        """A call of the model's own method in training that the bare module
+        can make (`unwrap_model(model).initHidden()`, planned with the other
+        reads of the model itself): the method computes nothing from the
+        parameters (`torch.zeros(1, self.hidden_size)`), or its result is
+        detached where it is made (`model.encoder(x).detach().cpu().numpy()`
+        for a metric): no gradient DDP must synchronise flows through it."""
+        klass = self._own_class(model)
+        if klass is not None and (touches_no_parameter(klass, method) or plain_forward(klass, method)):
+            return True  # (a plain forward is routed through the wrapper: see references.py)
+        call = self._method_call(reference)
+        return call is not None and detached_where_made(self.script, call)
+
+    def _own_class(self, model: Var) -> Optional[cst.ClassDef]:
+        """The file's model class of `model`, through the callers that pass it in."""
+        for _ in range(FOLLOW_DEPTH + 1):
+            klass = self._model_class(model)
+            caller = self._caller_binding(model) if klass is None else None
+            if caller is None:
+                return klass
+            model = caller[0]
+        return None
+
+    def _method_call(self, reference: cst.CSTNode) -> Optional[cst.Call]:
+        """The call `model.method(...)` (or `model.module.method(...)`) starting at `reference`."""
+        node = self.parent(reference)
+        if isinstance(node, cst.Attribute) and node.attr.value == "module":
+            node = self.parent(node)
+        call = self.parent(node)
+        return call if isinstance(call, cst.Call) and call.func is node else None
 
     def _method_trains_model(self, model: Var, method: str) -> bool:
         """`model.fit(loader, optimizer)`: a method of the model's class (in this

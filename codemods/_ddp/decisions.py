@@ -26,6 +26,8 @@ class RankDecisions(ScriptQueries):
     """Plans `rank_zero_decides(...)` around per-rank loop conditions."""
 
     def _plan_rank_decisions(self) -> None:
+        # Tests already wrapped in `rank_zero_decides` (fsdp's checkpoints plan some too).
+        self._decisions_planned: set[cst.CSTNode] = getattr(self, "_decisions_planned", set())
         for node in self.script.index.order:
             if isinstance(node, (cst.Break, cst.Return)):
                 self._plan_exit(node)
@@ -37,8 +39,42 @@ class RankDecisions(ScriptQueries):
         if loop is None or not self._trains(loop.body):
             return
         condition = self._condition_of(exit_node, loop)
-        if condition is not None:
-            self._plan_condition(condition.test, loop, condition.test)
+        if condition is None:
+            return
+        nested = self._conditions_on_the_way(exit_node, loop)
+        if nested is not None and len(nested) > 1 and not self._reached_alike(condition, loop):
+            self._plan_nested_conditions(nested, loop)
+            return
+        self._plan_condition(condition.test, loop, condition.test)
+
+    def _conditions_on_the_way(self, exit_node: cst.CSTNode, loop: cst.CSTNode) -> Optional[list[cst.If]]:
+        """The `if` statements between the loop and the exit, outermost first,
+        when nothing else lies between (blocks, `else:`, `elif`, `with`): once
+        each is decided alike, every rank reaches the next as often."""
+        found: list[cst.If] = []
+        child = exit_node
+        for ancestor in self.ancestors(exit_node):
+            if ancestor is loop:
+                return found[::-1] if child is loop.body else None
+            if isinstance(ancestor, cst.If):
+                if child is ancestor.test:
+                    return None
+                found.append(ancestor)
+            elif not isinstance(ancestor, (cst.IndentedBlock, cst.With, cst.Else, cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+                return None
+            child = ancestor
+        return None
+
+    def _plan_nested_conditions(self, conditions: list[cst.If], loop: cst.CSTNode) -> None:
+        """`if val_loss < best: ... else: bad += 1; if bad >= patience: break`:
+        the inner test is reached on the ranks where the outer one failed.
+        Deciding each test on the way with rank 0's value (outermost first)
+        sends every rank down rank 0's branches, so every rank reaches, and
+        decides, the next test alike."""
+        for condition in conditions:
+            if self._decided_already(condition.test) or self._same_on_every_rank(condition.test):
+                continue
+            self._plan_decision(condition.test, condition.test, leads_to_exit=condition is not conditions[-1])
 
     def _condition_of(self, exit_node: cst.CSTNode, loop: cst.CSTNode) -> Optional[cst.If]:
         """The nearest `if` around the exit, inside the loop (None: it always exits)."""
@@ -61,6 +97,12 @@ class RankDecisions(ScriptQueries):
                 "`stop = rank_zero_decides(<condition>)` (accelmigrate.runtime.distributed), and exit on `stop`",
             )
             return
+        self._plan_decision(test, where)
+
+    def _plan_decision(self, test: cst.BaseExpression, where: cst.CSTNode, leads_to_exit: bool = False) -> None:
+        if test in self._decisions_planned:
+            return  # the way to another exit
+        self._decisions_planned.add(test)
         if any(self._clashes(n) for n in self._uses.names.get("rank_zero_decides", ())):
             self.report(
                 where, "AM511",
@@ -73,12 +115,17 @@ class RankDecisions(ScriptQueries):
             self._use("rank_zero_decides")
             self._edits[test] = lambda updated: call_of("rank_zero_decides", updated)
 
-        self._step(
-            where, "AM511",
-            f"`rank_zero_decides({self._code(test)})`: every rank leaves the loop when rank 0 does (a rank leaving "
-            f"alone would leave the others waiting in the next all-reduce)",
-            apply,
-        )
+        if leads_to_exit:
+            message = (
+                f"`rank_zero_decides({self._code(test)})`: every rank takes rank 0's branch here, so every rank "
+                f"reaches the loop exit below, and decides it, alike"
+            )
+        else:
+            message = (
+                f"`rank_zero_decides({self._code(test)})`: every rank leaves the loop when rank 0 does (a rank "
+                f"leaving alone would leave the others waiting in the next all-reduce)"
+            )
+        self._step(where, "AM511", message, apply)
 
     def _decided_already(self, test: cst.BaseExpression) -> bool:
         return isinstance(test, cst.Call) and self.is_call_to(test, DECIDES)

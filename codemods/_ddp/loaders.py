@@ -6,7 +6,7 @@ rates are scaled by the world size instead.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import libcst as cst
 
@@ -17,10 +17,12 @@ from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
 )
-from .noise import RankNoise
+from .loader_kwargs import LoaderKwargsSharding
 from .output import TQDM
 
 RUNTIME_SAMPLER = frozenset({f"{RUNTIME}.SeededDistributedSampler"})
+RANK_SHARE = frozenset({f"{RUNTIME}.rank_share"})  # migrated before
+SHARDED_KWARGS = frozenset({f"{RUNTIME}.sharded_loader_kwargs"})
 LR_SCHEDULERS_WITH_LR = frozenset(
     {"torch.optim.lr_scheduler.OneCycleLR", "torch.optim.lr_scheduler.CyclicLR"}
 )
@@ -30,23 +32,30 @@ COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 SHARDING_ARGUMENTS = frozenset({"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "generator"})
 
 
-class LoaderSharding(RankNoise):
+class LoaderSharding(LoaderKwargsSharding):
     """Plans the samplers, set_epoch calls and learning rates."""
 
     def _plan_loaders(self) -> None:
         for call in self._calls_to(v.DATALOADER):
             self._plan_loader(call)
-        if not self._training_loaders and not self._calls_to(v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
+        if self._training_loaders or self._calls_to(v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER | SHARDED_KWARGS | RANK_SHARE):
+            return
+        problem = self._plan_index_batches()
+        if problem is not None:
             self.report(
-                self._uses.backward_calls[0], "AM521",
-                "no training DataLoader found to give a DistributedSampler: every rank trains on the same batches "
-                "(correct, but no faster than one process); give each rank its share of the data by hand "
-                "(`global_rank()` of `world_size()`)",
+                problem.node, "AM521",
+                "no training DataLoader found to give a DistributedSampler, and the batches the step draws itself "
+                f"cannot all be traced ({problem.reason}): every rank trains on the same batches (correct, but no "
+                "faster than one process); give each rank its share of the data by hand (`rank_share(batch)`: its "
+                "rows `global_rank()::world_size()`)",
             )
 
     def _plan_loader(self, call: cst.Call) -> None:
         sampler = keyword_arg(call, "sampler")
         if sampler is not None and isinstance(sampler.value, cst.Call) and self.is_call_to(sampler.value, v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
+            self._plan_set_epoch_for(call)  # migrated before
+            return
+        if any(a.star == "**" and isinstance(a.value, cst.Call) and self.is_call_to(a.value, SHARDED_KWARGS) for a in call.args):
             self._plan_set_epoch_for(call)  # migrated before
             return
         loops = self._batch_loops(call)
@@ -82,14 +91,10 @@ class LoaderSharding(RankNoise):
             except CannotMigrate as problem:
                 self.report(problem.node, problem.code, problem.message)
 
-    def _plan_training_loader(self, call: cst.Call) -> cst.BaseExpression:
-        """Plans the sampler and the split batch; the batch size it is given."""
+    def _plan_training_loader(self, call: cst.Call) -> Optional[cst.BaseExpression]:
+        """Plans the sampler and the split batch; the batch size it is given (None: in a dict it cannot see)."""
         if has_star_args(call) and not self._kwargs_leave_sharding_alone(call):
-            raise CannotMigrate(
-                call, "AM523",
-                "training DataLoader with `*args`/`**kwargs`: pass `sampler=SeededDistributedSampler(dataset, shuffle=...)` "
-                "instead of `shuffle=`, and the batch size through `per_process_batch_size()`, by hand",
-            )
+            return self._plan_loader_kwargs(call)
         for name in ("sampler", "batch_sampler"):
             if keyword_arg(call, name) is not None:
                 raise CannotMigrate(
@@ -205,12 +210,28 @@ class LoaderSharding(RankNoise):
             if var is None:
                 return []
             return [
-                (loop, reference, path)
+                (loop, held, held_path)
                 for reference, path in self._followed_references(var)
-                for loop in self._loops_over(reference)
+                for held, held_path in self._held_on_self(reference, path)
+                for loop in self._loops_over(held)
             ]
         loop = self._loop_iterating(call)
         return [(loop, call, [])] if loop is not None else []
+
+    def _held_on_self(self, reference: cst.CSTNode, path: list) -> Iterator[tuple[cst.CSTNode, list]]:
+        """The reference itself, and where it is kept as an attribute
+        (`self.train_loader = train_loader` in a trainer's `__init__`): the
+        class's reads of `self.train_loader`, in whichever method iterates it
+        (no call path leads there: the epoch loop is found through that
+        method's callers)."""
+        yield reference, path
+        assign = self.parent(reference)
+        if not (isinstance(assign, cst.Assign) and assign.value is reference and len(assign.targets) == 1):
+            return
+        held = self._target_var(assign.targets[0].target)
+        if held is not None and held.is_attribute:
+            for read in self._references(held):
+                yield read, []
 
     def _loops_over(self, reference: cst.CSTNode) -> list[cst.CSTNode]:
         """The loops that iterate the loader `reference` reads: directly, or

@@ -1,7 +1,9 @@
 """Output on rank 0 only: printing, logging and file writes go under
 `if is_main_process():`, tqdm bars are hidden on the other ranks, and a
 `barrier()` comes before every rank reads (or rank 0 removes) a file that
-rank 0 wrote above.
+rank 0 wrote above. A `print` whose arguments may run collectives stays on
+every rank and prints to a `NullWriter` on the others; writers, wandb runs
+and files that cannot go under the guard are planned in writers.py.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import libcst as cst
 
 from .._base import append_keyword_args, has_star_args, is_main_guard, keyword_arg, walk
 from ..script import vocabulary as v
-from .common import RUNTIME, Insertion, Var
+from .common import RUNTIME, Insertion, Var, set_keyword
 from .batch_norm import BatchNormNote
 from .rank_zero_files import RankZeroFiles
+from .writers import OPEN, SUMMARY_WRITERS, WANDB_INIT, RankZeroWriters, opens_for_writing as _opens_for_writing
 
 TQDM = frozenset(
     {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.", "rich.") for name in ("tqdm", "trange")}
@@ -38,10 +41,6 @@ FILE_WRITES = frozenset(
         "matplotlib.pyplot.savefig",
     }
 )
-OPEN = frozenset({"builtins.open", "io.open"})
-SUMMARY_WRITERS = frozenset(
-    {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
-)
 # Where each call names its file: (keyword, position among the positional arguments).
 WRITTEN_PATH = {
     "torch.save": ("f", 1),
@@ -58,7 +57,7 @@ REMOVED_PATH = {
 }
 
 
-class RankZeroOutput(RankZeroFiles, BatchNormNote):
+class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
     """Plans the rank-0 guards, hidden bars and barriers."""
 
     def _plan_rank_zero_output(self, models: list[Var]) -> None:
@@ -70,6 +69,7 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
         # Where a model is called under any name: its forward may broadcast buffers.
         self._model_references = {r for model in models for r, _ in self._followed_references(model)}
         written: list[tuple[cst.CSTNode, cst.BaseExpression]] = []  # (what rank 0 alone writes, the file)
+        writers = []  # planned once the guards are: a use under one is rank 0's
         for node in self._uses.calls:
             if self.is_call_to(node, TQDM):
                 self._plan_tqdm(node)
@@ -80,23 +80,44 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
                     "before launching (or on rank 0, then `barrier()` on every rank before the others read it)",
                 )
             elif self.is_call_to(node, SUMMARY_WRITERS):
-                self.report(
-                    node, "AM528",
-                    "every rank would write the same TensorBoard events: create the writer with "
-                    "`SummaryWriter(...) if is_main_process() else None` and log through it on rank 0 only",
-                )
+                writers.append(node)
+            elif self.is_call_to(node, WANDB_INIT):
+                self._plan_wandb_init(node)
         for statement in self._statements_with_called_output():
             kind = self._output_kind(statement, loggers)
+            if kind == "a file write" and isinstance(statement, cst.With) and self._holds_more_than_output(statement):
+                written.extend(self._plan_with_open_on_rank_zero(statement))
+                continue
             if kind is None or not (self._plan_guard(statement, kind) or self._inside_planned_guard(statement)):
                 continue
             path = self._written_path(statement) if kind == "a file write" else None
             if path is not None:
                 written.append((statement, path))
                 written.extend(self._plan_work_on_written(statement, path, self._every_rank_reads()))
+        written.extend(self._plan_open_files())
+        for writer in writers:
+            self._plan_rank_zero_writer(writer)
         self._plan_directories()
         self._note_batch_norm(models)  # with the models' other per-rank consequences
         if written:
             self._plan_reads_after_writes(written)
+
+    def _holds_more_than_output(self, statement: cst.With) -> bool:
+        """A `with open(...)` around code every rank must run: the training
+        loop (a `csv.writer` logging each epoch into it), collectives."""
+        return self._may_communicate(statement.body) is not None or self._trains(statement.body)
+
+    def _plan_with_open_on_rank_zero(self, statement: cst.With) -> list:
+        """The files of the `with` opened as os.devnull on the other ranks."""
+        written = []
+        for item in statement.items:
+            call = item.item
+            if isinstance(call, cst.Call) and self.is_call_to(call, OPEN) and _opens_for_writing(call):
+                if self._plan_devnull(call, "the `with` around it runs the training loop"):
+                    path = self._path_argument(call, READ_PATH)
+                    if path is not None:
+                        written.append((statement, path))
+        return written
 
     def _statements_with_called_output(self) -> list[cst.CSTNode]:
         """The statements that may print, log or write, in source order: a line
@@ -191,6 +212,8 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
             problem = f"{kind} in a one-line block: put it on its own line, then run ddp again"
         else:
             communicating = self._may_communicate(statement)
+            if communicating is not None and self._plan_print_to_null_writer(statement, communicating):
+                return False
             if communicating is not None:
                 problem = (
                     f"{kind} that calls `{communicating}`, which may take part in collectives on every rank: compute "
@@ -207,6 +230,41 @@ class RankZeroOutput(RankZeroFiles, BatchNormNote):
             self._guarded.add(statement)
 
         self._step(statement, "AM506", f"{kind} under `if is_main_process():`, on rank 0 only", apply)
+        return True
+
+    def _plan_print_to_null_writer(self, statement: cst.CSTNode, communicating: str) -> bool:
+        """`print(f"val {evaluate(model):.4f}")`: the arguments may run
+        collectives, so every rank must still evaluate them; only rank 0's
+        text reaches the terminal (`file=... if is_main_process() else
+        NullWriter()`). False where the statement is no plain `print`."""
+        call = statement.body[0].value if isinstance(statement.body[0], cst.Expr) else None
+        if not isinstance(call, cst.Call) or not self.is_call_to(call, {"builtins.print"}) or has_star_args(call):
+            return False
+        if any(self._clashes(n) for n in self._uses.names.get("NullWriter", ())):
+            return False
+        old = keyword_arg(call, "file")
+        if old is not None and isinstance(old.value, cst.IfExp) and self._is_main_process_call(old.value.test):
+            return True  # migrated before
+
+        def rewrite(updated: cst.Call) -> cst.Call:
+            given = keyword_arg(updated, "file")
+            shown = given.value if given is not None else cst.Name("None")
+            if isinstance(shown, (cst.IfExp, cst.Lambda)):
+                shown = shown.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            chosen = cst.IfExp(test=cst.parse_expression("is_main_process()"), body=shown, orelse=cst.parse_expression("NullWriter()"))
+            return set_keyword(updated, "file", chosen)
+
+        def apply() -> None:
+            self._use("is_main_process", "NullWriter")
+            self._edits[call] = rewrite
+
+        where = "its file" if old is not None else "the terminal"
+        self._step(
+            statement, "AM525",
+            f"printing that calls `{communicating}`, which may take part in collectives: every rank still computes "
+            f"what is printed, only rank 0 writes it to {where} (`file=... if is_main_process() else NullWriter()`)",
+            apply,
+        )
         return True
 
     def _guarded_already(self, node: cst.CSTNode) -> bool:
@@ -352,11 +410,3 @@ def _downloads(call: cst.Call) -> bool:
     """`datasets.MNIST(..., download=True)`."""
     download = keyword_arg(call, "download")
     return download is not None and isinstance(download.value, cst.Name) and download.value.value == "True"
-
-
-def _opens_for_writing(call: cst.Call) -> bool:
-    positional = [a for a in call.args if a.keyword is None]
-    mode = keyword_arg(call, "mode") or (positional[1] if len(positional) > 1 else None)
-    if mode is None or not isinstance(mode.value, cst.SimpleString):
-        return False
-    return any(flag in mode.value.evaluated_value for flag in "wax+")

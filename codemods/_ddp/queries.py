@@ -276,3 +276,27 @@ def _roots_at(node: cst.CSTNode, name: str) -> bool:
 def method_of(klass: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
     """The method `name` defined in the body of `klass`."""
     return next((f for f in klass.body.body if isinstance(f, cst.FunctionDef) and f.name.value == name), None)
+
+
+# Reads of a tensor that leave the graph: what is computed from them carries no gradient.
+DETACHING = frozenset({"detach", "data", "item", "tolist", "numpy"})
+
+
+def detached_where_made(script: ScriptModel, call: cst.Call) -> bool:
+    """`call(...)` under no_grad, or read through `.detach()`, `.data`,
+    `.item()`, `.tolist()` or `.numpy()` in the chain of attributes and calls
+    right after it (`net.encoder(x).detach().cpu().numpy()`)."""
+    if script.in_evaluation(call):
+        return True
+    node: cst.CSTNode = call
+    while True:
+        parent = script.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            if parent.attr.value in DETACHING:
+                return True
+            node = parent
+        elif isinstance(parent, cst.Call) and parent.func is node:
+            node = parent
+        else:
+            return False
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ..script import vocabulary as v
+from ..script.entities import plain_forward
 from .common import RUNTIME, Var, call_of
 from .foreign_calls import ForeignCalls
 from .output import SUMMARY_WRITERS
@@ -64,6 +65,8 @@ class ModelReferences(ForeignCalls):
                         reference, reference,
                         f"`{name}.{attribute}` -> `unwrap_model({name}).{attribute}`: names without `module.`, whatever the world size",
                     )
+                elif attribute not in MODULE_API and self._calls_plain_forward(model, parent):
+                    self._plan_forward_route(parent, name)
                 elif attribute not in MODULE_API:
                     self._plan_unwrap(
                         reference, reference,
@@ -90,6 +93,28 @@ class ModelReferences(ForeignCalls):
                         reference, reference,
                         f"`{self._code(call.func)}(unwrap_model({name}), ...)`: it traces or inspects the model itself, not its DDP wrapper",
                     )
+
+    def _calls_plain_forward(self, model: Var, attribute: cst.Attribute) -> bool:
+        """`model.predict(x)`, where the class's `predict` only returns `self(x)`."""
+        call = self.parent(attribute)
+        if not (isinstance(call, cst.Call) and call.func is attribute):
+            return False
+        klass = self._own_class(model)
+        return klass is not None and plain_forward(klass, attribute.attr.value)
+
+    def _plan_forward_route(self, attribute: cst.Attribute, name: str) -> None:
+        """`model.predict(x)` -> `model(x)`: the same forward, through the
+        wrapper, which synchronises its gradients."""
+
+        def apply() -> None:
+            self._edits[attribute] = lambda updated: updated.value
+
+        self._step(
+            attribute, "AM527",
+            f"`{name}.{attribute.attr.value}(...)` -> `{name}(...)`: the method only runs the model's forward, and a "
+            f"call of the DDP wrapper synchronises its gradients",
+            apply,
+        )
 
     def _adds_graph(self, call: cst.Call) -> bool:
         """`writer.add_graph(model, ...)` on a `writer = SummaryWriter(...)`."""

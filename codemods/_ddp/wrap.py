@@ -110,9 +110,12 @@ class ModelWrapping(BareModelWrapping):
         if inner is None:
             raise CannotMigrate(call, "AM520", "DataParallel without a module argument: replace it by DistributedDataParallel by hand")
         chained = self._self_returning_chain(call, assign.value)
-        rebinds_itself = not chained and self._var_of(inner.value) == model  # model = nn.DataParallel(model)
-        anchor, conditions = self._unconditional_anchor(line)
-        if conditions and not rebinds_itself:
+        same_model = self._var_of(inner.value) == model
+        rebinds_itself = not chained and same_model  # model = nn.DataParallel(model)
+        anchor, conditions = self._unconditional_anchor(line, model)
+        # `if use_cuda: model = nn.DataParallel(model).cuda()`: the move stays under
+        # its condition, as in the original; the wrap goes after the `if`.
+        if conditions and not same_model:
             raise CannotMigrate(
                 call, "AM520",
                 "DataParallel under a condition, in another form than `model = nn.DataParallel(model)`: replace it by "
@@ -188,10 +191,11 @@ class ModelWrapping(BareModelWrapping):
             chained = True
         return chained
 
-    def _unconditional_anchor(self, line: cst.SimpleStatementLine) -> tuple[cst.CSTNode, list[cst.If]]:
+    def _unconditional_anchor(self, line: cst.SimpleStatementLine, model: Optional[Var] = None) -> tuple[cst.CSTNode, list[cst.If]]:
         """The statement that runs whenever `line` could: `line` itself, or the
-        outermost `if` around it whose bodies hold nothing else but output
-        (`if torch.cuda.device_count() > 1: print(...); model = nn.DataParallel(model)`)."""
+        outermost `if` around it whose bodies hold nothing else but output and
+        moves of the model (`if torch.cuda.device_count() > 1: print(...);
+        model = nn.DataParallel(model); model.cuda()`)."""
         anchor: cst.CSTNode = line
         conditions: list[cst.If] = []
         while True:
@@ -204,7 +208,7 @@ class ModelWrapping(BareModelWrapping):
                     raise CannotMigrate(line, "AM520", "DataParallel inside a loop, `with`, `try` or `if`/`else`: wrap the model by hand")
                 return anchor, conditions
             others = [s for s in owner.body.body if s is not anchor]
-            if not all(self._is_output_statement(s) for s in others):
+            if not all(self._is_output_statement(s) or (model is not None and self._moves_model(s, model)) for s in others):
                 raise CannotMigrate(
                     line, "AM520",
                     "DataParallel under a condition that also does other work: replace it by "

@@ -21,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .._base import dotted_name, walk
+from .._base import children, dotted_name, is_docstring, walk
 from . import vocabulary as v
 from .flow import Flow
 from .positions import Lines
@@ -344,4 +344,114 @@ def _is_none(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "None"
 
 
-__all__ = ["Entities", "Entity", "GRAD_SCALER"]
+# What a method may read of a parameter and still make nothing gradients flow
+# through: a tensor of its device and dtype (`weight.new_zeros(...)`).
+_PARAMETER_PROPERTIES = frozenset({"new_zeros", "new_ones", "new_empty", "new_full", "new", "new_tensor", "device", "dtype"})
+
+
+def touches_no_parameter(klass: cst.ClassDef, name: str, _seen: frozenset = frozenset()) -> bool:
+    """Does the method `name` of this model class compute nothing from the
+    model's parameters: an RNN's `initHidden()` returning
+    `torch.zeros(1, self.hidden_size)`, or `weight.new_zeros(...)` with
+    `weight = next(self.parameters())`? It reads `self` only for plain
+    attributes (`self.hidden_size`, set to values that call nothing), the
+    device and dtype of a parameter, and other such methods: its result
+    carries no gradient, so calling it on the bare module changes nothing."""
+    methods = {f.name.value: f for f in klass.body.body if isinstance(f, cst.FunctionDef)}
+    method = methods.get(name)
+    if method is None or name in ("forward", "__call__") or name in _seen:
+        return False
+    parents = {child: node for node in walk(method.body) for child in children(node)}
+    probes = _parameter_probes(method.body, parents)
+    for node in walk(method.body):
+        if not (isinstance(node, cst.Name) and node.value == "self"):
+            continue
+        attribute = parents.get(node)
+        if not (isinstance(attribute, cst.Attribute) and attribute.value is node):
+            return False
+        called = isinstance(parents.get(attribute), cst.Call) and parents[attribute].func is attribute
+        if attribute.attr.value == "parameters" and called and parents[attribute] in probes:
+            continue
+        if called and attribute.attr.value in methods:
+            if not touches_no_parameter(klass, attribute.attr.value, _seen | {name}):
+                return False
+        elif called or not (attribute.attr.value == "training" or _plain_attribute(klass, attribute.attr.value)):
+            return False
+    return True
+
+
+def plain_forward(klass: cst.ClassDef, name: str) -> bool:
+    """Is the method `name` of this model class its forward under another
+    name: `def predict(self, x): return self(x)` (or `self.forward(x)`),
+    passing its own parameters on in order? Calling the model instead
+    computes the same."""
+    method = next((f for f in klass.body.body if isinstance(f, cst.FunctionDef) and f.name.value == name), None)
+    if method is None or method.decorators or not isinstance(method.body, cst.IndentedBlock):
+        return False
+    params = method.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.star_kwarg or params.kwonly_params or params.posonly_params:
+        return False
+    names = [p.name.value for p in params.params]
+    statements = [s for s in method.body.body if not is_docstring(s)]
+    if not names or names[0] != "self" or len(statements) != 1 or not isinstance(statements[0], cst.SimpleStatementLine):
+        return False
+    returned = statements[0].body[0]
+    call = returned.value if isinstance(returned, cst.Return) else None
+    if not isinstance(call, cst.Call):
+        return False
+    func = call.func
+    calls_self = isinstance(func, cst.Name) and func.value == "self"
+    calls_forward = isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" and func.attr.value == "forward"
+    passed = [a.value.value if isinstance(a.value, cst.Name) and a.keyword is None and not a.star else None for a in call.args]
+    return (calls_self or calls_forward) and passed == names[1:] and all(p.default is None for p in params.params)
+
+
+def _parameter_probes(body: cst.CSTNode, parents: dict) -> set:
+    """The `self.parameters()` calls in `next(self.parameters())` whose result
+    is read only for its device, its dtype or a new tensor like it, there or
+    through a name bound to it (`weight = next(self.parameters()).data`)."""
+    probes = set()
+    for node in walk(body):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "next" and len(node.args) == 1):
+            continue
+        inner = node.args[0].value
+        if not (isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value == "parameters"):
+            continue
+        value = node
+        if isinstance(parents.get(value), cst.Attribute) and parents[value].attr.value == "data":
+            value = parents[value]
+        holder = parents.get(value)
+        if isinstance(holder, cst.Attribute) and holder.attr.value in _PARAMETER_PROPERTIES:
+            probes.add(inner)
+        elif isinstance(holder, cst.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0].target, cst.Name):
+            if _read_only_for_properties(body, holder.targets[0].target.value, parents):
+                probes.add(inner)
+    return probes
+
+
+def _read_only_for_properties(body: cst.CSTNode, name: str, parents: dict) -> bool:
+    for node in walk(body):
+        if isinstance(node, cst.Name) and node.value == name:
+            parent = parents.get(node)
+            if isinstance(parent, cst.AssignTarget):
+                continue
+            if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value == "data":
+                node, parent = parent, parents.get(parent)
+            if not (isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in _PARAMETER_PROPERTIES):
+                return False
+    return True
+
+
+def _plain_attribute(klass: cst.ClassDef, attribute: str) -> bool:
+    """`self.<attribute>` is set in the class only to values that call
+    nothing (`self.hidden_size = hidden_size`): a setting, not a layer."""
+    values = [
+        node.value for node in walk(klass.body) if isinstance(node, cst.Assign)
+        for target in node.targets
+        if isinstance(target.target, cst.Attribute) and isinstance(target.target.value, cst.Name)
+        and target.target.value.value == "self" and target.target.attr.value == attribute
+    ]
+    return bool(values) and not any(isinstance(n, (cst.Call, cst.Lambda)) for value in values for n in walk(value))
+
+
+__all__ = ["Entities", "Entity", "GRAD_SCALER", "plain_forward", "touches_no_parameter"]

@@ -31,7 +31,7 @@ DDP_ADDED_NAMES = frozenset(
     {
         "DistributedDataParallel", "SeededDistributedSampler", "barrier", "ddp_device_ids", "draw_rank_share",
         "init_distributed", "is_distributed", "is_main_process", "per_process_batch_size", "rank_local_buffers",
-        "rank_share", "rank_zero_decides", "sharded_loader_kwargs", "sum_gradients_across_ranks", "unwrap_model",
+        "NullWriter", "rank_share", "rank_zero_decides", "sharded_loader_kwargs", "sum_gradients_across_ranks", "unwrap_model",
         "world_size",
     }
 )  # fmt: skip

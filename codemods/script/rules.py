@@ -70,12 +70,14 @@ def _amp(f: SourceFacts) -> bool:
 
 def _ddp(f: SourceFacts) -> bool:
     """A backward call; else only its refusals can fire: a `--local_rank`
-    flag, a script already distributed, a name it needs already taken, or a
-    DataParallel / DataLoader without a training loop."""
+    flag, a script already distributed, a name it needs already taken, a
+    DataParallel / DataLoader without a training loop, or an optimizer
+    passed to a training loop that lives in another module."""
     return (
         f.backward_calls > 0
         or f.local_rank_flag
         or f.uses(v.ALREADY_DISTRIBUTED | v.DATA_PARALLEL | v.DATALOADER)
+        or f.uses_prefix("torch.optim.")  # an optimizer handed to a training loop in another module
         or not f.names.isdisjoint(DDP_ADDED_NAMES)
         or f.dataloader_calls > 0
     )
