@@ -63,7 +63,21 @@ What it does
     statement; when the function receives its optimizer too, the scaler is
     bound in the caller next to the optimizer and handed in as a new `scaler`
     parameter (`train(..., epoch, scaler=scaler)`), so one scaler keeps its
-    loss scale from one call to the next. A script that never names a device
+    loss scale from one call to the next (a function called both with its
+    optimizer and without it, `run_epoch(..., optimizer=None)`, gets
+    `scaler=None` and the scaler only where the optimizer is passed, when
+    each backward there is followed by the optimizer's step in its block).
+    A device string is a device too (`device = "cuda" if ... else "cpu"`,
+    `device = args.device` of a `--device` flag, `self.device`, and
+    `config["device"]` of a module-level config dict that nothing changes):
+    the user's string is kept where it is compared or printed, the dtype
+    and the scaler are given the string, and autocast reads
+    `torch.device(device).type`. With no device bound in reach, the code
+    computes where the one model it calls is: where that model is bound
+    once and never moved afterwards (`.cuda(args.gpu)` where it is built,
+    a `cfg.device` of a config object), `device = next(model.parameters())
+    .device` is bound right after it (in a function handed the model, such
+    as `evaluate(model, loader)`, as its first statement). A script that never names a device
     (no `.to(...)`, `.cuda()`, `device=`, `torch.cuda`, device parameter or
     flag) computes on the CPU: it gets `torch.autocast(device_type="cpu", ...)`
     and `amp_dtype = autocast_dtype("cpu")` after its imports, float32 (the
@@ -152,7 +166,12 @@ Left alone (with a finding that says what to do by hand)
     - a backward whose loss is not computed before it in the same loop or
       function (forward and backward in different functions, a loss passed in
       as a parameter: AM410), or computed in the backward statement itself
-      (`criterion(model(x), y).backward()`: bind it first);
+      (`criterion(model(x), y).backward()`: bind it first). A loss summed in
+      a loop (a decoder unrolled step by step) takes the loop into the
+      autocast region whole, unless the loop steps, returns, or jumps out
+      of a loop around it;
+    - gradients applied by hand (`p.data.add_(p.grad, alpha=-lr)`, no
+      optimizer): the scaler unscales through an optimizer's step (AM410);
     - `backward()` with a gradient, `inputs=` or `create_graph=True`, and
       `torch.autograd.grad` in the step: gradient penalties and gradients
       read outside the optimizer need the scaler placed by hand (AM412);
@@ -160,8 +179,9 @@ Left alone (with a finding that says what to do by hand)
       for each of several losses, as in PyTorch's AMP examples;
     - `optimizer.step(closure)` (LBFGS): the loss is computed inside step() (AM411);
     - an optimizer the codemod cannot trace to its constructor (a factory, a
-      parameter of a function with no caller in the file, or with defaults or
-      starred parameters, where a new `scaler` parameter cannot go), or any
+      parameter of a function with no caller in the file, or with starred or
+      keyword-only parameters, where a new `scaler` parameter cannot go; one
+      that a caller leaves None while the backward still runs), or any
       `.step()` in the step whose receiver the script treats as an optimizer
       (built from a model or its parameters, zeroed with `.zero_grad()`, its
       `param_groups` read, handed to a scheduler, or an instance of a class of
@@ -261,6 +281,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         self.resolving: set = set()  # assignment lines whose device is being resolved (against cycles)
         self.runtime_names: dict = {}  # runtime function -> the name the migrated code calls it by
         self.unused_devices: dict = {}  # device Ref key -> nothing is placed on it (the steps run on the CPU)
+        self.model_devices: dict = {}  # device Ref key -> (the model's line, `device = next(model.parameters()).device`)
         self.optimizer_uses: Optional[dict] = None  # see Resolution.used_as_optimizer
 
     # =========================================================================
@@ -428,6 +449,8 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
             steps.append((call, ref))
         if not steps:
             self.check_closure(unit)
+            if any(isinstance(user, cst.Attribute) for user in self.gradient_users(unit)):
+                raise Problem(first, "AM410", "the gradients are applied by hand (`p.grad` read after this backward, no optimizer steps): a GradScaler unscales only through an optimizer's step; replace the update by a torch.optim optimizer (its lr in param_groups), or add autocast by hand and keep float32 gradients")
             raise Problem(first, "AM410", "no optimizer.step() in the same loop or function as this backward (forward, backward and step apart): add autocast and a GradScaler by hand")
         if not any(self.ends_before(backwards[0].statement, call) for call, _ in steps):
             raise Problem(first, "AM410", "the optimizer steps before this backward in the loop: add autocast and a GradScaler by hand")

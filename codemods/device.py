@@ -154,9 +154,11 @@ Left alone (with a finding that says what to do)
       and `torch.Tensor.cuda(x)` (AM311);
     - a string device (`device = "cuda"`) used as text other than printed,
       compared otherwise than with a bare type name, or read where its uses
-      cannot be seen (`self.device`, `Config.device`):
+      cannot be seen (`Config.device`, a `self.device` that an instance's
+      `trainer.device` reads outside its class):
       `torch.device("cuda:0") == "cuda"` is False (AM303, AM302). One that is
-      compared with a type name (`device == "cuda"`, `"cuda" in device`)
+      compared with a type name (`device == "cuda"`, `"cuda" in device`, and
+      `self.device == "cuda"` in the methods of a class that binds it once)
       becomes `get_device()` and the comparison reads `device.type`, which
       holds that name; a string that merely says "cuda" or holds a type name
       (`device_type = "cuda" if "cuda" in device else "cpu"`, autocast's

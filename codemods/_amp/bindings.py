@@ -154,6 +154,10 @@ class Bindings:
                 binding = self.dtype_at_top(device)
             if binding is None and device.kind == CPU:
                 binding = self.dtype_after_imports(device)
+            if binding is None and device.key in self.model_devices:
+                anchor, _, before = self.model_devices[device.key]
+                name = self.free_name(device, DTYPE_NAMES, [anchor])
+                binding = Binding("name", name, anchor, None, f"{self.runtime_name('autocast_dtype')}({device.name})", before=before)
             if binding is None:
                 _, anchors = self.common_block(device.bindings)
                 after = max(anchors, key=self.order)
@@ -182,7 +186,11 @@ class Bindings:
 
     def device_type_text(self, device: Ref, site: cst.CSTNode) -> str:
         """What autocast's `device_type=` reads: `device.type`, or "cpu"."""
-        return CPU_TEXT if device.kind == CPU else f"{self.device_text(device, site)}.type"
+        if device.kind == CPU:
+            return CPU_TEXT
+        if self.is_string_device(device):
+            return f"{self.torch}.device({self.device_text(device, site)}).type"
+        return f"{self.device_text(device, site)}.type"
 
     def dtype_text(self, device: Ref, site: cst.CSTNode) -> str:
         """`amp_dtype` (or `self.amp_dtype`) as read at `site`; a Problem when
@@ -224,6 +232,9 @@ class Bindings:
         for binding in list(self.scaler_bindings.values()):
             if binding.used and binding.kind == "param":
                 self.commit_passed(binding)
+        for key, (anchor, text, before) in self.model_devices.items():
+            if key in self.dtype_bindings and self.dtype_bindings[key].used:  # goes before the dtype that reads it
+                (self.edits.insert_before if before else self.edits.insert_after)(anchor, statement(text))
         for binding in [*self.dtype_bindings.values(), *self.scaler_bindings.values()]:
             if binding.used and not binding.exists and binding.kind != "param":
                 insert = self.edits.insert_before if binding.before else self.edits.insert_after

@@ -8,11 +8,11 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from .._base import dotted_name, walk
+from .._base import dotted_name, is_docstring, walk
 from ..script import ScriptModel
 from ..script import vocabulary as v
 from ..script.amp_facts import AmpFacts
-from .plan import APEX_INITIALIZE, CPU, Problem, Ref, is_block
+from .plan import APEX_INITIALIZE, CPU, MOVES, Problem, Ref, is_block
 
 # What an assignment binds, for the codemod: "device", "optimizer", "apex"
 # (`model, optimizer = amp.initialize(...)`), "scheduler", "plain" (a
@@ -25,6 +25,10 @@ ACCELERATOR_DEVICE = frozenset({"torch.accelerator.current_accelerator"})
 # What a script does with an optimizer and not with an environment or a scheduler.
 OPTIMIZER_USES = frozenset({"zero_grad", "param_groups", "add_param_group"})
 PARAMETER_METHODS = frozenset({"parameters", "named_parameters"})
+# What the codemod names the device of a model it binds (`device = next(model.parameters()).device`).
+MODEL_DEVICE_NAMES = ("device", "model_device")
+# Methods that change a dict in place.
+DICT_CHANGES = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__"})
 
 
 class Resolution:
@@ -199,6 +203,8 @@ class Resolution:
             kind = self.value_kind(binding.statement.value) if line is not None else None
             if kind == "unknown" and "device" in kinds and self.device_value(binding.statement.value, line):
                 kind = "device"
+            if line is not None and "device" in kinds and binding.node in self.string_device_nodes():
+                kind = "device"  # a string that names it: autocast reads `torch.device(device).type`
             if kind in transparent:
                 continue
             if kind not in kinds:
@@ -246,12 +252,116 @@ class Resolution:
                 ref = self.resolve_ref(cst.Attribute(value=cst.Name(owner[1]), attr=cst.Name(attr)), site, ("device",))
                 if ref is not None:
                     return self.where_computed(self.devices.setdefault(ref.key, ref))
-        return self.device_parameter_at(site) or self.cpu_only()
+        return self.device_parameter_at(site) or self.config_device_at(site) or self.cpu_only() or self.model_device_at(site)
+
+    def model_device_at(self, site: cst.CSTNode) -> Optional[Ref]:
+        """Where no device is bound (`.cuda(args.gpu)` on the model, or
+        `.to(device_at(args.gpu))` once the device codemod ran), the code at
+        `site` computes where the one model it calls is: `device =
+        next(model.parameters()).device`, bound right after the model (which
+        is bound once and never moved afterwards)."""
+        unit = site if isinstance(site, cst.With) else self.unit_of(site)
+        names = {c.func.value for c in self.calls_within(unit) if isinstance(c.func, cst.Name) and self.script.is_model(c.func)}
+        if len(names) != 1:
+            return None
+        model = names.pop()
+        bindings = self.facts.bindings_of(model, site)
+        if len(bindings) != 1 or self.is_moved(model):
+            return None
+        home = bindings[0].scope
+        if bindings[0].kind == "param":  # `def evaluate(model, loader)`: bound first thing in the function
+            function = self.facts.function_at(site)
+            if function is None or function.scope is not home or not isinstance(function.node.body, cst.IndentedBlock):
+                return None
+            if any(d.scope is home for d in self.script.devices) or any(n in home.bindings for n in self.facts.parameter_device_names()):
+                return None  # the function binds its device itself, further down
+            body = list(function.node.body.body)
+            anchor, before = (body[1] if len(body) > 1 and is_docstring(body[0]) else body[0]), True
+        else:
+            anchor, before = self.assignment_line(bindings[0]), False
+            if anchor is None or len(anchor.body[0].targets) != 1:
+                return None
+            if home is self.facts.scope_of(site) and not self.ends_before(anchor, site):
+                return None
+        name = next((n for n in MODEL_DEVICE_NAMES if not self.bindings_anywhere(n) and not self.is_read_anywhere(n)), None)
+        if name is None:
+            return None
+        ref = Ref("name", name, home, [anchor])
+        ref = self.devices.setdefault(ref.key, ref)
+        self.model_devices.setdefault(ref.key, (anchor, f"{name} = next({model}.parameters()).device", before))
+        return ref
+
+    def is_moved(self, model: str) -> bool:
+        """`model.cuda()`, `model.to(...)`, `model.half()` somewhere in the
+        file, or in a function of the file that is handed the model."""
+        if _moves_name(model, self.script.index.nodes):
+            return True
+        for function in self.script.flow.functions.values():
+            for call_site in function.callers:
+                for parameter, argument in call_site.arguments.items():
+                    if isinstance(argument, cst.Name) and argument.value == model and _moves_name(parameter, walk(function.node.body)):
+                        return True
+        return False
+
+    def is_read_anywhere(self, name: str) -> bool:
+        return any(
+            isinstance(n, cst.Name) and n.value == name and not self.is_attribute_name(n) and not isinstance(self.parent(n), cst.Arg)
+            for n in self.script.index.nodes
+        )
+
+    def config_device_at(self, site: cst.CSTNode) -> Optional[Ref]:
+        """`config["device"]` of a module-level config dict, bound once and
+        never changed (no item stored, no `config.update(...)`)."""
+        for device in self.script.devices:
+            if device.kind != "string" or "[" not in device.name:
+                continue
+            root = device.name.split("[", 1)[0]
+            if not self.only_read(root) or self.script.module_scope not in self.scope_chain(site):
+                continue
+            line = self.assignment_line(next(b for b in self.script.module_scope.bindings[root] if b.node is device.node))
+            if line is None or not self.ends_before(line, site) and self.facts.scope_of(site) is self.script.module_scope:
+                continue
+            ref = Ref("name", device.name, self.script.module_scope, [line])
+            return self.where_computed(self.devices.setdefault(ref.key, ref))
+        return None
+
+    def only_read(self, root: str) -> bool:
+        """The module-level dict `root` is never changed in place, and no scope rebinds the name."""
+        for node in self.script.index.nodes:
+            if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == root and self.facts.stored(node):
+                return False
+            if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == root and node.attr.value in DICT_CHANGES:
+                return False
+            if isinstance(node, cst.Subscript) and isinstance(self.parent(node), cst.Del):
+                return False
+        return all(scope.kind == "module" or root not in scope.bindings for scope in self.script.index.scopes)
+
+    def scope_chain(self, site: cst.CSTNode) -> list:
+        scope, chain = self.facts.scope_of(site), []
+        while scope is not None and scope not in chain:
+            chain.append(scope)
+            scope = scope.parent
+        return chain
+
+    def string_device_nodes(self) -> set:
+        """The targets the script binds a device string to (`device = "cuda" if ... else "cpu"`, `device = args.device`)."""
+        return {d.node for d in self.script.devices if d.kind == "string" and "[" not in d.name}
+
+    def is_string_device(self, ref: Ref) -> bool:
+        """Some binding of `ref` holds a string (or a `config["device"]` entry);
+        for a parameter, what some caller passes does."""
+        if "[" in ref.name:
+            return True
+        if ref.kind == "param":
+            passed = self.passed.get(ref.key)
+            return passed is not None and any(self.is_string_device(source) for _, source in passed[1])
+        nodes = self.string_device_nodes()
+        return any(isinstance(line, cst.SimpleStatementLine) and any(n in nodes for n in walk(line)) for line in ref.bindings)
 
     def device_names(self) -> list:
         """Names and `x.attr` spellings that the script binds a device to
         (`device` first), including those of the model's parameters."""
-        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device")}
+        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device") or d.kind == "string" and "[" not in d.name}
         names |= self.facts.parameter_device_names()
         names = {n for n in names if n.count(".") <= 1}
         return sorted(names, key=lambda n: (n.rsplit(".", 1)[-1] != "device", "." in n, n))
@@ -412,3 +522,11 @@ def _steps_with_argument(klass: cst.ClassDef) -> bool:
             required = [p for p in statement.params.params if p.default is None]
             return len(required) > 1 or any(p.default is None for p in statement.params.kwonly_params)
     return False
+
+
+def _moves_name(name: str, nodes) -> bool:
+    return any(
+        isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name)
+        and n.func.value.value == name and n.func.attr.value in MOVES
+        for n in nodes
+    )

@@ -14,8 +14,8 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from .._base import append_keyword_args, is_docstring
-from .plan import SCALER_NAMES, Binding, Problem, Ref, StepPlan
+from .._base import append_keyword_args, is_docstring, walk
+from .plan import NO_SPACE_EQUAL, SCALER_NAMES, Binding, Problem, Ref, StepPlan
 
 FOLLOW_DEPTH = 4  # how many calls deep an argument is followed
 Resolver = Callable[[cst.BaseExpression, cst.CSTNode, int], Optional[Ref]]
@@ -24,11 +24,13 @@ Resolver = Callable[[cst.BaseExpression, cst.CSTNode, int], Optional[Ref]]
 class Passed:
     """Mixed into the codemod."""
 
-    def passed_in(self, name: str, site: cst.CSTNode, resolve: Resolver, depth: int, spelled: Optional[str] = None) -> Optional[Ref]:
+    def passed_in(self, name: str, site: cst.CSTNode, resolve: Resolver, depth: int, spelled: Optional[str] = None, optional: bool = False) -> Optional[Ref]:
         """A Ref of kind "param" when `name` at `site` is only a parameter of
         its function, and every call of that function in the file passes an
         argument for it that `resolve` traces in the caller. `spelled` names
-        the Ref when the device is an attribute of the parameter (`args.device`)."""
+        the Ref when the device is an attribute of the parameter (`args.device`).
+        With `optional`, a call may leave out a parameter that defaults to
+        None (`run_epoch(model, val_loader, criterion)` evaluates: no optimizer)."""
         function = self.facts.function_at(site)
         bindings = self.facts.bindings_of(name, site)
         if function is None or depth > FOLLOW_DEPTH or len(bindings) != 1 or bindings[0].kind != "param":
@@ -38,10 +40,14 @@ class Passed:
         sources = []
         for call_site in function.callers:
             argument = call_site.arguments.get(name)
+            if argument is None and optional and call_site.complete and _is_none(bindings[0].value):
+                continue  # the parameter is None there: see scaler_passed
             source = resolve(argument, call_site.call, depth + 1) if argument is not None and call_site.complete else None
             if source is None:
                 return None
             sources.append((call_site.call, source))
+        if not sources:
+            return None
         ref = Ref("param", spelled or name, function.scope, [])
         self.passed[ref.key] = (function, sources)
         return ref
@@ -55,7 +61,7 @@ class Passed:
     def optimizer_passed(self, expression: cst.BaseExpression, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:
         ref = self.resolve_ref(expression, site, ("optimizer",), ("apex",))
         if ref is None and isinstance(expression, cst.Name):
-            ref = self.passed_in(expression.value, site, self.optimizer_passed, depth)
+            ref = self.passed_in(expression.value, site, self.optimizer_passed, depth, optional=True)
         return ref
 
     def device_parameter_at(self, site: cst.CSTNode) -> Optional[Ref]:
@@ -86,12 +92,14 @@ class Passed:
         ref = group[0].optimizers[0]
         function, sources = self.passed[ref.key]
         params = function.node.params
-        if params.posonly_params or params.kwonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None or any(p.default is not None for p in params.params):
-            raise Problem(group[0].site, "AM414", f"{function.name}() receives the optimizer and has defaults or starred parameters: add a `scaler` parameter and pass it a `grad_scaler(device, amp_dtype)` bound next to the optimizer by hand")
+        if params.posonly_params or params.kwonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
+            raise Problem(group[0].site, "AM414", f"{function.name}() receives the optimizer and has starred or keyword-only parameters: add a `scaler` parameter and pass it a `grad_scaler(device, amp_dtype)` bound next to the optimizer by hand")
+        if len(sources) < len(function.callers):
+            self.check_scaled_only_when_stepped(group, function)
         name = next((n for n in SCALER_NAMES if not self.bound_within(n, function.scope)), None)
         if name is None or any(a.keyword is not None and a.keyword.value == name for call, _ in sources for a in call.args):
             raise Problem(group[0].site, "AM414", f"the names {', '.join(SCALER_NAMES)} are taken in {function.name}(): pass it a GradScaler by hand")
-        binding = Binding("param", name, function.node, None, "")
+        binding = Binding("param", name, function.node, None, "", optional=any(p.default is not None for p in params.params))
         for call, source in sources:
             device = self.device_at(call)
             if device is None:
@@ -104,11 +112,33 @@ class Passed:
             binding.passed.append((call, home, source))
         return binding
 
+    def check_scaled_only_when_stepped(self, group: list, function) -> None:
+        """Some calls leave the optimizer out (None), and so the scaler: each
+        backward must be followed, in its own block and with nothing that
+        leaves it in between, by a step of the optimizer, so that a call
+        without one never reaches the scaler (the original would fail at
+        that step too)."""
+        for plan in group:
+            for backward in plan.backwards:
+                block = self.parent(backward.statement)
+                body = list(block.body)
+                start = body.index(backward.statement)
+                followed = False
+                for line in body[start + 1:]:
+                    if any(isinstance(n, (cst.Return, cst.Break, cst.Continue, cst.Raise)) for n in _walk(line)):
+                        break
+                    if any(self.own_line(call) is line for call, _ in plan.steps):
+                        followed = True
+                        break
+                if not followed:
+                    raise Problem(backward.call or backward.statement, "AM414", f"{function.name}() is called without its optimizer (None) and may run this backward then: pass it a `scaler` only where an optimizer steps, by hand")
+
     def commit_passed(self, binding: Binding) -> None:
         """The parameter added to the function, the argument to each call, and
         the callers' scalers (and their dtypes) bound."""
         name = binding.name
-        self.edits.replace[binding.after] = lambda updated: updated.with_changes(params=_with_parameter(updated.params, name))
+        optional = binding.optional
+        self.edits.replace[binding.after] = lambda updated: updated.with_changes(params=_with_parameter(updated.params, name, optional))
         for call, home, _ in binding.passed:
             caller = self.scaler_bindings[home]
             text = caller.text(self.owner_at(call))
@@ -120,8 +150,17 @@ class Passed:
                 self.dtype_binding(self.caller_devices[home]).used = True
 
 
-def _with_parameter(params: cst.Parameters, name: str) -> cst.Parameters:
+def _with_parameter(params: cst.Parameters, name: str, optional: bool = False) -> cst.Parameters:
     existing = list(params.params)
     if existing and not isinstance(existing[-1].comma, cst.Comma):
         existing[-1] = existing[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return params.with_changes(params=[*existing, cst.Param(cst.Name(name))])
+    default = dict(default=cst.Name("None"), equal=NO_SPACE_EQUAL) if optional else {}
+    return params.with_changes(params=[*existing, cst.Param(cst.Name(name), **default)])
+
+
+def _is_none(value: Optional[cst.BaseExpression]) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"
+
+
+def _walk(line: cst.CSTNode):
+    return walk(line, into_definitions=False)

@@ -11,6 +11,7 @@ import libcst as cst
 PRECISION = "accelmigrate.runtime.precision"
 AUTOCAST_DTYPE = f"{PRECISION}.autocast_dtype"
 GRAD_SCALER_FACTORY = f"{PRECISION}.grad_scaler"
+RUNTIME_DEVICE = "accelmigrate.runtime.device."  # get_device(), device_at(...): where data goes
 RAW_AUTOGRAD = frozenset({"torch.autograd.grad", "torch.autograd.backward"})
 
 
@@ -138,6 +139,7 @@ class Binding:
     before: bool = False  # goes before `after` (the first statement of a function) instead
     spaced: bool = False  # a blank line above it (after the module's imports)
     passed: list = dataclasses.field(default_factory=list)  # kind "param": (call, caller's scaler key, the Ref it passes)
+    optional: bool = False  # kind "param": after defaulted parameters, so it defaults to None
 
     def text(self, owner: Optional[str]) -> str:
         return f"{owner}.{self.name}" if self.kind == "attr" else self.name

@@ -9,7 +9,7 @@ import libcst as cst
 
 from .._base import CLIP_GRAD_FUNCTIONS, walk
 from ..script import vocabulary as v
-from .plan import APEX_MASTER_PARAMS, MOVES, Backward, Block, Problem, Region, is_block, method_call
+from .plan import APEX_MASTER_PARAMS, RUNTIME_DEVICE, MOVES, Backward, Block, Problem, Region, is_block, method_call
 
 
 class Regions:
@@ -62,14 +62,31 @@ class Regions:
         return Region(block, body[first], body[last])
 
     def is_barrier(self, line: cst.CSTNode) -> bool:
-        """A statement an autocast region must not take in."""
-        if isinstance(line, (cst.For, cst.While, cst.With, cst.FunctionDef, cst.ClassDef)):
+        """A statement an autocast region must not take in. A loop that only
+        computes (a decoder unrolled step by step, a loss summed over heads)
+        goes in whole: autocast is a context, not a scope, and a `break` of
+        the loop's own stays inside it; one that steps, returns or leaves an
+        outer loop does not."""
+        if isinstance(line, (cst.With, cst.FunctionDef, cst.ClassDef)):
+            return True
+        if isinstance(line, (cst.For, cst.While)) and (line.orelse is not None or isinstance(line, cst.For) and line.asynchronous is not None):
             return True
         for child in walk(line, into_definitions=False):
-            if isinstance(child, (cst.Return, cst.Break, cst.Continue, cst.Yield, cst.Global, cst.Nonlocal, cst.Await)):
+            if isinstance(child, (cst.Return, cst.Yield, cst.Global, cst.Nonlocal, cst.Await, cst.With)):
+                return True
+            if isinstance(child, (cst.Break, cst.Continue)) and not self.leaves_within(child, line):
                 return True
             if method_call(child, "backward") or method_call(child, "step"):
                 return True
+        return False
+
+    def leaves_within(self, jump: cst.CSTNode, line: cst.CSTNode) -> bool:
+        """The `break`/`continue` belongs to a loop that is `line` or inside it."""
+        for ancestor in self.ancestors(jump):
+            if isinstance(ancestor, (cst.For, cst.While)):
+                return True
+            if ancestor is line:
+                return False
         return False
 
     def is_data_statement(self, line: cst.CSTNode) -> bool:
@@ -77,7 +94,9 @@ class Regions:
         if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or not isinstance(line.body[0], cst.Assign):
             return False
         return all(
-            (isinstance(child.func, cst.Attribute) and child.func.attr.value in MOVES) or self.is_qualified(child.func, v.VARIABLE)
+            (isinstance(child.func, cst.Attribute) and child.func.attr.value in MOVES)
+            or self.is_qualified(child.func, v.VARIABLE)
+            or any(name.startswith(RUNTIME_DEVICE) for name in self.qualified_names(child.func))  # `device_at(args.gpu)`
             for child in walk(line.body[0].value, into_definitions=False)
             if isinstance(child, cst.Call)
         )

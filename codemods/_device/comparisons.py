@@ -53,18 +53,21 @@ class StringComparisons:
         """"compare" when `read` compares the string of `definition` alone (no
         other binding reaches it) with a device type, and the definition holds
         bare type names only: then `read.type` keeps the comparison's result."""
-        if not isinstance(read, cst.Name) or not self._compares_type(read):
+        if not isinstance(read, (cst.Name, cst.Attribute)) or not self._compares_type(read):
             return None
         if not holds_type_names(definition.statement.value):
             return None
+        if isinstance(read, cst.Attribute):
+            return "compare"  # `self.device`, bound once in its class (see _instance_attribute_reads)
         values = self._assigned_values(read)
         return "compare" if values is not None and len(values) == 1 and values[0] is definition.statement.value else None
 
     def _compare_types(self, definition: Definition) -> None:
         """The definition became a torch.device: its comparisons read `.type`."""
-        if not isinstance(definition.target, cst.Name):
-            return  # `self.device`: its reads are not seen, none was a comparison
-        scope = self.script.scope_of(definition.statement)
-        for read in self.facts.uses.reads(definition.target.value, scope):
+        if isinstance(definition.target, cst.Name):
+            reads = self.facts.uses.reads(definition.target.value, self.script.scope_of(definition.statement))
+        else:
+            reads = self._instance_attribute_reads(definition) or []
+        for read in reads:
             if self._compare_use(read, definition) == "compare":
                 self._edits[read] = lambda updated: cst.Attribute(value=updated, attr=cst.Name("type"))

@@ -121,10 +121,14 @@ class PerProcessPlans:
         (straight-line code: the binding has run by then, and runs once)."""
         body = list(owner.body) if isinstance(owner, cst.Module) else list(owner.body.body)
         binding = self._top_statement(target, body)
+        sites = [s for s in self._placed_at if self._device_at_sites[s] == index and self._in_scope_of(s, owner)]
+        guard = self.script.entry.main_guard
+        if binding is not None and binding is guard and all(guard in self.ancestors(s) for s in sites):
+            body = list(guard.body.body)  # flat code under the main guard: bound inside it
+            binding = self._top_statement(target, body)
         if binding is None:
             return None
         position = body.index(binding)
-        sites = [s for s in self._placed_at if self._device_at_sites[s] == index and self._in_scope_of(s, owner)]
         later = all((top := self._top_statement(s, body)) is not None and body.index(top) > position for s in sites)
         return binding if later else None
 

@@ -171,12 +171,34 @@ class Placement:
         the reads cannot be seen. It may become a torch.device only when it is
         passed on as a device somewhere, and elsewhere at most printed."""
         if not isinstance(definition.target, cst.Name):
-            return None  # who reads `self.device` cannot be seen
+            reads = self._instance_attribute_reads(definition)
+            if reads is None:
+                return None  # who reads `args.device` cannot be seen
+            return [self._compare_use(read, definition) or self._use_kind(read) for read in reads]
         scope = self.script.scope_of(definition.statement)
         if scope.kind == "class":
             return None  # read as `Config.device`: cannot be seen either
         reads = self.facts.uses.reads(definition.target.value, scope)
         return [self._compare_use(read, definition) or self._use_kind(read) for read in reads]
+
+    def _instance_attribute_reads(self, definition: Definition) -> Optional[list]:
+        """The reads of `self.device` in its class, when the class binds it
+        once and the file reads it on no instance (`trainer.device`): then
+        every read is in view."""
+        target = definition.target
+        if not (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"):
+            return None
+        klass = next((a for a in self.ancestors(target) if isinstance(a, cst.ClassDef)), None)
+        if klass is None or len(self.script._entities.attribute_bindings(klass, target.attr.value)) != 1:
+            return None
+        instances = {
+            b.name for s in self.script.scopes for bs in s.bindings.values() for b in bs
+            if isinstance(b.value, cst.Call) and isinstance(b.value.func, cst.Name) and b.value.func.value == klass.name.value
+        }
+        for node in self.script.index.nodes:
+            if isinstance(node, cst.Attribute) and node.attr.value == target.attr.value and isinstance(node.value, cst.Name) and node.value.value in instances:
+                return None
+        return self.facts.uses.self_attribute_reads(klass, target.attr.value)
 
     def _parameter_uses(self, param: cst.Param) -> Optional[list]:
         scope = self.script.index.scope_by_node.get(self.parent(self.parent(param)))

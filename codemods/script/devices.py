@@ -6,6 +6,11 @@ assigned to `self.device` or `args.device`, a parameter that receives a
 device (`def train(args, model, device, ...)`), and a `--device` flag of
 argparse. Codemods that need the device (autocast needs its type) start
 from these.
+
+A string device is also one read from a `--device` flag (`device =
+args.device`) and one held under the "device" key of a module-level config
+dict (`config = dict(device="cuda" if ... else "cpu")`, read as
+`config["device"]`): `torch.device(...)` of either names the device.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .scopes import Binding, Index, Scope
 DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})
 DEVICE_FLAGS = frozenset({"--device", "--gpu", "--cuda", "--no-cuda", "--no_cuda"})
+STRING_FLAGS = frozenset({"--device"})  # flags whose value names a device (`--gpu` is an index)
 
 
 @dataclasses.dataclass(eq=False)
@@ -47,10 +53,16 @@ class DeviceBinding:
 
 def device_bindings(index: Index, entities: Entities, lines: Lines) -> list[DeviceBinding]:
     found = []
+    flag_reads = {f[2:].replace("-", "_") for s in index.scopes for c in s.calls if (f := _device_flag(c)) in STRING_FLAGS}
     for scope in index.scopes:
         for bindings in scope.bindings.values():
             for binding in bindings:
                 kind = _device_kind(binding, entities)
+                if kind is None and binding.kind == "assign" and _reads_flag(binding.value, flag_reads):
+                    kind = "string"
+                key = _config_device_key(binding) if scope.kind == "module" else None
+                if key is not None:
+                    found.append(DeviceBinding(f'{binding.name}["{key}"]', "string", binding.node, scope, lines, code_of(binding.value)))
                 if kind is not None:
                     value = code_of(binding.value) if binding.value is not None and kind != "parameter" else ""
                     found.append(DeviceBinding(binding.name, kind, binding.node, scope, lines, value))
@@ -87,6 +99,26 @@ def _is_device_string(value: cst.BaseExpression) -> bool:
         first = value.parts[0] if value.parts else None
         return isinstance(first, cst.FormattedStringText) and first.value.split(":")[0] in DEVICE_STRINGS
     return False
+
+
+def _reads_flag(value: Optional[cst.BaseExpression], dests: set) -> bool:
+    """`args.device`, where the file declares `--device`."""
+    return isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.attr.value in dests
+
+
+def _config_device_key(binding: Binding) -> Optional[str]:
+    """"device" when `binding` (a name bound once) holds a dict literal or
+    `dict(...)` call whose "device" entry is a device string."""
+    value = binding.value
+    if binding.kind != "assign" or not isinstance(binding.node, cst.Name) or len(binding.scope.bindings.get(binding.name, ())) != 1:
+        return None
+    if isinstance(value, cst.Dict):
+        entries = [(e.key.evaluated_value, e.value) for e in value.elements if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)]
+    elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict":
+        entries = [(a.keyword.value, a.value) for a in value.args if a.keyword is not None]
+    else:
+        return None
+    return next((key for key, entry in entries if key == "device" and _is_device_string(entry)), None)
 
 
 def _device_flag(call: cst.Call) -> Optional[str]:
