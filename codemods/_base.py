@@ -10,15 +10,27 @@ tells the user what to do by hand. The engine runs it through a
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import ClassVar, Collection, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import ClassVar, Collection, Iterable, Mapping, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider
+
+from ._syntax import (  # noqa: F401 (re-exported: the codemods import them from here)
+    CLIP_GRAD_FUNCTIONS,
+    code_of,
+    walk,
+    parent_map,
+    children,
+    dotted_name,
+    is_main_guard,
+    is_docstring,
+    times_or_divided,
+    keyword_arg,
+    has_star_args,
+)
 
 # The script model of the latest version of a file (its MetadataWrapper):
 # codemods run one version at a time, so one entry serves them all.
@@ -27,7 +39,7 @@ _latest_script: list = [None, None]  # [wrapper, model]
 
 def _script_model(wrapper):
     """The script model of this file version, built once for every codemod that runs on it."""
-    from .script import ScriptModel  # the model imports helpers from this module
+    from .script import ScriptModel  # deferred: the model is built only for a file that reaches the codemods
 
     if _latest_script[0] is not wrapper:
         if _latest_script[1] is not None:
@@ -255,143 +267,7 @@ class Codemod(cst.CSTTransformer):
         return None
 
 
-# -- small syntax helpers shared by codemods ----------------------------------
-
-# Gradient clipping, by every path torch exports it under.
-CLIP_GRAD_FUNCTIONS = frozenset(
-    {
-        "torch.nn.utils.clip_grad_norm_",
-        "torch.nn.utils.clip_grad_norm",
-        "torch.nn.utils.clip_grad_value_",
-        "torch.nn.utils.clip_grad.clip_grad_norm_",
-        "torch.nn.utils.clip_grad.clip_grad_norm",
-        "torch.nn.utils.clip_grad.clip_grad_value_",
-    }
-)
-
-_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-_EMPTY_MODULE = cst.Module(body=[])
-
-
-def code_of(node: cst.CSTNode) -> str:
-    """The source text of a node."""
-    return _EMPTY_MODULE.code_for_node(node)
-
-
-def walk(node: cst.CSTNode, *, into_definitions: bool = True) -> Iterator[cst.CSTNode]:
-    """`node` and everything below it, in source order. Reads the dataclass
-    fields directly: LibCST's `children` rebuilds every node it lists, which
-    costs minutes on big files. Without `into_definitions`, the functions,
-    classes and lambdas defined inside are skipped (they run at other times)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        found = children(current)
-        if not into_definitions:
-            found = [child for child in found if not isinstance(child, _DEFINITIONS)]
-        stack.extend(reversed(found))
-
-
-def parent_map(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
-    """Every node's parent, as LibCST's ParentNodeProvider gives it."""
-    parents: dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        for child in children(node):
-            parents[child] = node
-            stack.append(child)
-    return parents
-
-
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """`node`'s children, in source order, read from its dataclass fields."""
-    found: list[cst.CSTNode] = []
-    for name in _child_fields(type(node)):
-        value = getattr(node, name)
-        kind = type(value)
-        if kind is list or kind is tuple:
-            found.extend(item for item in value if _is_node_type(type(item)))
-        elif _is_node_type(kind):
-            found.append(value)
-    return found
-
-
-@functools.lru_cache(maxsize=None)
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(node_type))
-
-
-_node_types: dict[type, bool] = {}
-
-
-def _is_node_type(kind: type) -> bool:
-    """issubclass(kind, CSTNode), remembered: CSTNode is an abstract class,
-    and testing one costs far more than a dictionary look-up."""
-    known = _node_types.get(kind)
-    if known is None:
-        known = _node_types[kind] = issubclass(kind, cst.CSTNode)
-    return known
-
-
-def dotted_name(node: cst.BaseExpression) -> str:
-    """`a.b.c` for a chain of names and attributes, else ""."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        prefix = dotted_name(node.value)
-        return f"{prefix}.{node.attr.value}" if prefix else ""
-    return ""
-
-
-def is_main_guard(test: cst.BaseExpression) -> bool:
-    """`__name__ == "__main__"`, either way round."""
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
-        return False
-    sides = [test.left, test.comparisons[0].comparator]
-    return isinstance(test.comparisons[0].operator, cst.Equal) and any(
-        isinstance(s, cst.Name) and s.value == "__name__" for s in sides
-    ) and any(isinstance(s, cst.SimpleString) and s.evaluated_value == "__main__" for s in sides)
-
-
-def is_docstring(statement: cst.CSTNode) -> bool:
-    return (
-        isinstance(statement, cst.SimpleStatementLine)
-        and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
-
-_TIGHT_OPERANDS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
-_TIGHT_OPERATORS = (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Modulo, cst.MatrixMultiply, cst.Power)
-
-
-def times_or_divided(value: cst.BaseExpression, operator: cst.BaseBinaryOp, by: str) -> cst.BinaryOperation:
-    """`value * by` or `value / by`, parenthesising `value` when its operators
-    bind less tightly."""
-    tight = isinstance(value, _TIGHT_OPERANDS) or bool(getattr(value, "lpar", ())) or (
-        isinstance(value, cst.BinaryOperation) and isinstance(value.operator, _TIGHT_OPERATORS)
-    )
-    if not tight:
-        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    spaced = operator.with_changes(whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" "))
-    return cst.BinaryOperation(left=value, operator=spaced, right=cst.Name(by))
-
-
-
-def keyword_arg(call: cst.Call, name: str) -> Optional[cst.Arg]:
-    """The `name=...` argument of `call`, if given."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == name:
-            return arg
-    return None
-
-
-def has_star_args(call: cst.Call) -> bool:
-    """`f(*args)` or `f(**kwargs)`: what the call passes cannot be seen."""
-    return any(arg.star in ("*", "**") for arg in call.args)
+# -- small syntax helpers shared by codemods (the node helpers live in _syntax.py) --
 
 
 def append_keyword_args(call: cst.Call, new_args: Sequence[tuple[str, cst.BaseExpression]]) -> cst.Call:

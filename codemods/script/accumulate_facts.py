@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from .._base import dotted_name
+from .._syntax import dotted_name
 from . import vocabulary as v
 from .model import ScriptModel
 

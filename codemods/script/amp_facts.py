@@ -13,7 +13,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .._base import dotted_name, walk
+from .._syntax import dotted_name, walk
 from .flow import Function
 from .model import ScriptModel
 from .scopes import Binding, Scope, children, positional_parameters

@@ -15,7 +15,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .._base import walk
+from .._syntax import walk
 from .model import ScriptModel
 from .uses import uses_of
 

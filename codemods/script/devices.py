@@ -20,7 +20,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .._base import code_of
+from .._syntax import code_of
 from .entities import Entities
 from .positions import Lines
 from .scopes import Binding, Index, Scope

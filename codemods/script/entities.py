@@ -21,7 +21,7 @@ from typing import Optional
 
 import libcst as cst
 
-from .._base import children, dotted_name, is_docstring, walk
+from .._syntax import children, dotted_name, is_docstring, walk
 from . import vocabulary as v
 from .flow import Flow
 from .positions import Lines

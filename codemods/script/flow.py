@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from .._base import code_of, dotted_name, is_docstring, is_main_guard, walk
+from .._syntax import code_of, dotted_name, is_docstring, is_main_guard, walk
 from .positions import Lines
 from .scopes import Index, Scope, parameter_names, positional_parameters
 

@@ -33,7 +33,7 @@ from typing import Iterable, Optional
 
 import libcst as cst
 
-from .._base import dotted_name, has_star_args, keyword_arg, walk
+from .._syntax import dotted_name, has_star_args, keyword_arg, walk
 from .._modernize.loss_arguments import FUNCTIONAL_LOSSES, LOSS_CLASSES
 from .._modernize.syntax import literal_flag
 from . import vocabulary as v

@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Union
 
 import libcst as cst
 
-from .._base import children, dotted_name
+from .._syntax import children, dotted_name
 
 BUILTINS = frozenset(dir(builtins))
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)

@@ -19,7 +19,7 @@ from typing import Iterator, Optional, Union
 
 import libcst as cst
 
-from .._base import code_of, dotted_name
+from .._syntax import code_of, dotted_name
 from . import vocabulary as v
 from .entities import Entities, Entity
 from .flow import Flow

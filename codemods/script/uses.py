@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from .._base import walk
+from .._syntax import walk
 from .model import ScriptModel
 from .scopes import Scope
 

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional, Union
 
 import libcst as cst
 
-from .._base import dotted_name
+from .._syntax import dotted_name
 from .._item.syntax import first_line
 from .model import ScriptModel
 from .uses import uses_of
