@@ -294,9 +294,11 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                           'AM808': 'checkpoint or file written on every process',
                           'AM809': 'use of the model that needs the bare module (state_dict, its own '
                                    'attributes)',
-                          'AM810': 'shuffled training DataLoader: N processes draw another order than one',
+                          'AM810': 'shuffled training DataLoader: the main process draws the order and sends '
+                                   'each process its slice',
                           'AM811': "last partial batch completed with the epoch's first samples on N "
                                    'processes',
+                          'AM812': 'mixed precision moved onto Accelerator(mixed_precision=...)',
                           'AM820': 'training loop, entry point or trained objects that cannot be prepared',
                           'AM821': 'mixed precision that accelerate does not migrate',
                           'AM822': 'script already distributed or on Accelerate',
@@ -310,7 +312,7 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                           'AM830': "loop exit decided on each process's own value",
                           'AM831': "random draw in a loop that trains, alike on every process (a GAN's "
                                    'noise)'},
-                'notes': ('AM810', 'AM811', 'AM822')},
+                'notes': ('AM811', 'AM822')},
  'accumulate': {'module': 'accumulate',
                 'name': 'Accumulate',
                 'summary': 'accumulate gradients over N micro-batches per optimizer step (--to accumulate=N)',

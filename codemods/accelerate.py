@@ -26,6 +26,16 @@ What it does
       averages the processes' gradients); `clip_grad_norm_` /
       `clip_grad_value_` -> `accelerator.clip_grad_norm_` / `clip_grad_value_`;
     - `nn.DataParallel(model)` -> `model`;
+    - CUDA mixed precision (`torch.cuda.amp.autocast()`, `torch.autocast("cuda")`,
+      `torch.amp.autocast("cuda", dtype=...)`, with or without a GradScaler)
+      -> `Accelerator(mixed_precision="fp16" if torch.cuda.is_available()
+      else "no")` ("bf16" for a bf16 autocast) (AM812): the autocast blocks
+      give way to their body (accelerate autocasts the prepared model's
+      forward), `scaler.scale(loss).backward()` -> `accelerator.backward(loss)`,
+      `scaler.step(opt)` -> `opt.step()`, `scaler.update()` and
+      `scaler.unscale_(opt)` removed (`accelerator.clip_grad_norm_`
+      unscales). Without CUDA the original's CUDA autocast was off, so "no"
+      keeps its fp32 numbers there;
     - `print` -> `accelerator.print`; `torch.save(...)` and `open(..., "w")`
       blocks under `if accelerator.is_main_process:`, `torch.save` through
       `accelerator.save`; `model.state_dict()`, `model.load_state_dict(...)`,
@@ -33,13 +43,15 @@ What it does
       through `accelerator.unwrap_model(model)`, so checkpoint keys carry no
       `module.`.
 
-    Data order: in a world of one `prepare` keeps the DataLoader's sampler,
-    so a seeded script draws the original's order and numbers. On N
-    processes accelerate gives a shuffling sampler a generator drawn from the
-    script's seed and makes every process follow rank 0's: each epoch every
-    sample is seen once, in the slices of one global batch, but not in the
-    order one process draws (AM810). An unshuffled script computes the
-    original's numbers on N processes too.
+    Data order: a seeded script computes the original's numbers on N
+    processes, shuffled or not. An unshuffled loader is read by every
+    process, each keeping its slice. A shuffled one (or one with its own
+    sampler) gets `dispatch_batches=True` (AM810): on N processes `prepare`
+    would give its RandomSampler a generator of its own, drawn from the
+    global RNG, whatever `rng_types` or `use_seedable_sampler` say, and so
+    another order; dispatched, the loader stays untouched on rank 0, which
+    draws the original's order and sends each process its slice of every
+    batch (the batches must be tensors). In a world of one nothing changes.
 
 Why
     Accelerate runs one script on a CPU, GPUs, DeepSpeed or FSDP from a
@@ -85,9 +97,12 @@ Example
                 accelerator.save(accelerator.unwrap_model(model).state_dict(), "model.pt")
 
 Left alone (a finding says what to do by hand; nothing changes)
-    Scripts already distributed or on Accelerate (AM822); mixed precision,
-    GradScaler or apex (AM821: remove it, migrate, then pass
-    `mixed_precision=`); training steps outside the function the `__main__`
+    Scripts already distributed or on Accelerate (AM822); CPU autocast,
+    autocast with `enabled=` or a dtype not written as torch.float16 /
+    bfloat16, a GradScaler with settings or used beyond
+    scale/step/update/unscale_ (saved in a checkpoint: Accelerate's own is
+    saved by `accelerator.save_state`), apex (AM821: remove it, migrate,
+    then pass `mixed_precision=`); training steps outside the function the `__main__`
     block calls, models, optimizers or loaders made in or after the training
     loop or under a dotted name (AM820); devices chosen elsewhere, `.cuda()`
     outside the entry point, GPU selection (AM827); backward with arguments
@@ -127,8 +142,9 @@ class AccelerateCodemod(Codemod):
         "AM807": "printing on every process",
         "AM808": "checkpoint or file written on every process",
         "AM809": "use of the model that needs the bare module (state_dict, its own attributes)",
-        "AM810": "shuffled training DataLoader: N processes draw another order than one",
+        "AM810": "shuffled training DataLoader: the main process draws the order and sends each process its slice",
         "AM811": "last partial batch completed with the epoch's first samples on N processes",
+        "AM812": "mixed precision moved onto Accelerator(mixed_precision=...)",
         "AM820": "training loop, entry point or trained objects that cannot be prepared",
         "AM821": "mixed precision that accelerate does not migrate",
         "AM822": "script already distributed or on Accelerate",
@@ -142,7 +158,7 @@ class AccelerateCodemod(Codemod):
         "AM830": "loop exit decided on each process's own value",
         "AM831": "random draw in a loop that trains, alike on every process (a GAN's noise)",
     }
-    notes = frozenset({"AM810", "AM811", "AM822"})
+    notes = frozenset({"AM811", "AM822"})
     triggers = ("backward",)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -185,6 +201,17 @@ class AccelerateCodemod(Codemod):
         result: list = []
         run_open = False  # the last statement written is a main-process block that may take the next write
         for original, statement in zip(originals, updated):
+            if original in plan.removed:
+                continue
+            if original in plan.unwrapped:
+                # An autocast block: its body, one level up, under the block's comments.
+                inner = list(statement.body.body)
+                result.extend(plan.before.get(original, ()))
+                result.append(inner[0].with_changes(leading_lines=[*statement.leading_lines, *inner[0].leading_lines]))
+                result.extend(inner[1:])
+                result.extend(plan.after.get(original, ()))
+                run_open = False
+                continue
             inserted = plan.before.get(original, ())
             if inserted:
                 run_open = False

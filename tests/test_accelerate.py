@@ -8,9 +8,16 @@
   with `--to accelerate` run as plain `python` and on 2 CPU processes under
   torchrun (gloo, ACCELERATE_USE_CPU=true): each prints its epoch lines once,
   writes one checkpoint whose keys carry no `module.`, and ends with the
-  one-process original's weights within 1e-5. A shuffled run keeps the
-  original's order in a world of one; on 2 processes every epoch's samples
-  are split between the ranks, each sample once, in a new order each epoch.
+  one-process original's weights within 1e-5. A shuffled, seeded run keeps
+  the original's order: in a world of one, and on 2 processes, where rank 0
+  draws it and sends each rank its half of every batch (dispatch_batches):
+  the ranks' halves, batch by batch, are the original's batches, and the
+  weights are the original's within 1e-5;
+- mixed precision (slow): a CUDA fp16 script with a GradScaler (unscale_
+  before clipping), migrated onto `Accelerator(mixed_precision=...)`, run
+  on a CPU, where the original's CUDA autocast and scaler were off and the
+  migrated script asks for "no": every step's loss is the original's
+  within 1e-6.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from accelmigrate.engine import migrate_source
 TOLERANCE = 1e-5
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TRAIN_SAMPLES = 256  # dp_parity.py's training set
+BATCH_SIZE = 16  # dp_parity.py's default global batch
 EPOCHS = 3
 
 
@@ -52,7 +60,7 @@ def test_the_global_batch_setting_is_the_one_accelerate_reads():
     # Accelerate 1.x accepts Accelerator(split_batches=True) and ignores it:
     # the migrated script must say it through the DataLoaderConfiguration.
     migrated = _migrate((SCRIPTS / "dp_parity.py").read_text()).code
-    assert "dataloader_config=DataLoaderConfiguration(split_batches=True)" in migrated
+    assert "dataloader_config=DataLoaderConfiguration(split_batches=True" in migrated
     assert "Accelerator(split_batches" not in migrated
     assert "accelmigrate" not in migrated.replace("# accelmigrate: skip", "")
 
@@ -63,6 +71,60 @@ def test_what_cannot_be_made_right_is_refused_whole(script, code):
     result = _migrate(source)
     assert result.code == source
     assert [f.code for f in result.findings if not f.fixed] == [code]
+
+
+MIXED_PRECISION = '''\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    x = torch.randn(96, 8)
+    y = x[:, :3].sum(dim=1, keepdim=True)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, drop_last=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.cuda.amp.GradScaler()
+    for epoch in range(3):
+        for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)
+            optimizer.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(model(xb), yb)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(optimizer)
+            scaler.update()
+            print(f"step loss {loss.item()!r}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_mixed_precision_moves_onto_the_accelerator():
+    migrated = _migrate(MIXED_PRECISION).code
+    assert 'Accelerator(mixed_precision="fp16" if torch.cuda.is_available() else "no", ' in migrated
+    assert "scaler" not in migrated and "autocast" not in migrated
+    assert "accelerator.backward(loss)" in migrated and "optimizer.step()" in migrated
+
+
+@pytest.mark.slow
+def test_mixed_precision_script_on_a_cpu_computes_the_originals_losses(tmp_path):
+    original, migrated = tmp_path / "original.py", tmp_path / "migrated.py"
+    original.write_text(MIXED_PRECISION)
+    migrated.write_text(_migrate(MIXED_PRECISION).code)
+    losses = []
+    for script in (original, migrated):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses.append([float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step loss")])
+    assert len(losses[0]) == 18
+    assert max(abs(a - b) for a, b in zip(*losses)) <= 1e-6 and len(losses[0]) == len(losses[1])
 
 
 # -- end to end ---------------------------------------------------------------------------
@@ -197,15 +259,29 @@ def test_shuffled_world_of_one_trains_in_the_originals_order(runs):
     assert _largest_difference(_weights(folders["shuffled_original"]), _weights(folders["shuffled_plain"])) <= TOLERANCE
 
 
+def test_a_shuffled_loader_is_dispatched_from_the_main_process():
+    migrated = _migrate((SCRIPTS / "dp_parity.py").read_text())  # shuffle=args.shuffle
+    assert "DataLoaderConfiguration(split_batches=True, dispatch_batches=True)" in migrated.code
+    assert "AM810" in [f.code for f in migrated.findings if f.fixed]
+    flat = _migrate((SCRIPTS / "ddp_plain_flat.py").read_text()).code  # unshuffled: every process reads it
+    assert "DataLoaderConfiguration(split_batches=True))" in flat
+
+
 @pytest.mark.slow
-def test_shuffled_two_processes_split_each_epoch_in_a_new_order(runs):
-    # Accelerate's sampler follows rank 0's generator on every process: the
-    # ranks take the two halves of each global batch, every sample once an
-    # epoch, in another order than one process draws (finding AM810).
+def test_shuffled_two_processes_train_in_the_originals_order(runs):
+    # Rank 0 draws the original's permutation and sends each rank its half
+    # of every global batch (dispatch_batches=True, finding AM810): rank 0's
+    # half then rank 1's is the original's batch, every step.
     _, folders = runs
-    first, second = _traces(folders["shuffled_two"])
-    assert len(first) == len(second) == EPOCHS
-    for mine, theirs in zip(first, second):
-        assert not set(mine) & set(theirs)
-        assert sorted(mine + theirs) == list(range(TRAIN_SAMPLES))
-    assert first[0] != first[1]
+    (original,) = _traces(folders["shuffled_original"])
+    ranks = _traces(folders["shuffled_two"])  # by process id: rank 0 need not come first
+    assert [len(epochs) for epochs in ranks] == [EPOCHS, EPOCHS] and len(original) == EPOCHS
+    half = BATCH_SIZE // 2
+
+    def joined(lower, upper) -> list[list[int]]:
+        return [[i for step in range(0, len(mine), half) for i in mine[step:step + half] + theirs[step:step + half]]
+                for mine, theirs in zip(lower, upper)]
+
+    assert original in (joined(*ranks), joined(*reversed(ranks)))
+    assert original[0] != original[1]
+    assert _largest_difference(_weights(folders["shuffled_original"]), _weights(folders["shuffled_two"])) <= TOLERANCE

@@ -3,7 +3,9 @@
 in one: the mean of the ranks' losses is the original's at every step (each
 rank's loss is the mean over its half of the global batch), and every rank
 ends each step with the same weights. A flat script, and one whose loss sums
-over the batch (the migrated backward multiplies by the number of processes).
+over the batch (the migrated backward multiplies by the number of processes),
+unshuffled and shuffled (rank 0 draws the original's order and dispatches
+each rank its half of every batch).
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ def test_flat_script_on_two_processes_matches_one(tmp_path: Path):
     assert result["verdict"] == "same"
 
 
-def test_loss_summed_over_the_batch_on_two_processes_matches_one(tmp_path: Path):
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_loss_summed_over_the_batch_on_two_processes_matches_one(tmp_path: Path, shuffle: bool):
     script = tmp_path / "summed.py"
-    script.write_text(SUMMED_LOSS)
+    script.write_text(SUMMED_LOSS.replace("shuffle=False", f"shuffle={shuffle}"))
     code, result = run_verify(str(script), "--to", "accelerate", "--steps", "6")
     assert code == 0, result
     assert result["processes"] == 2

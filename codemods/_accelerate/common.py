@@ -20,10 +20,16 @@ ADDED_NAMES = {"Accelerator": "accelerate", "DataLoaderConfiguration": "accelera
 # and ignored. `cpu=`: torchrun's processes on a machine without CUDA form one
 # gloo group only when accelerate is told to use the CPU; the original chose
 # CUDA when it was there and the CPU otherwise.
-ACCELERATOR_STATEMENT = (
-    f"{ACCELERATOR} = Accelerator(cpu=not torch.cuda.is_available(), "
-    "dataloader_config=DataLoaderConfiguration(split_batches=True))"
-)
+# `dispatch_batches=True` for a shuffled training loader: on N processes
+# `prepare` gives a RandomSampler without a generator one seeded from the
+# global RNG (whatever `rng_types` and `use_seedable_sampler` say), which
+# draws another order than the original's sampler; dispatching leaves the
+# loader untouched on rank 0, which sends each process its slice of the
+# original's batch.
+def accelerator_statement(dispatch: bool, mixed_precision: str | None = None) -> str:
+    config = "split_batches=True, dispatch_batches=True" if dispatch else "split_batches=True"
+    precision = f"mixed_precision={mixed_precision}, " if mixed_precision else ""
+    return f"{ACCELERATOR} = Accelerator({precision}cpu=not torch.cuda.is_available(), dataloader_config=DataLoaderConfiguration({config}))"
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
@@ -45,6 +51,8 @@ class Plan:
     before: dict = dataclasses.field(default_factory=dict)  # statement -> [statements] inserted before it
     after: dict = dataclasses.field(default_factory=dict)  # statement -> [statements] inserted after it
     guarded: set = dataclasses.field(default_factory=set)  # statements run on the main process only
+    removed: set = dataclasses.field(default_factory=set)  # statements dropped (the GradScaler's)
+    unwrapped: set = dataclasses.field(default_factory=set)  # `with` blocks replaced by their body (autocast)
     fixes: list = dataclasses.field(default_factory=list)  # (node, code, message), reported when applied
     notes: list = dataclasses.field(default_factory=list)  # (node, code, message)
     imports: list = dataclasses.field(default_factory=list)  # (module, name or None)

@@ -20,21 +20,21 @@ from .._base import (
     keyword_arg,
 )
 from ..script import vocabulary as v
-from ..script.entities import GRAD_SCALER
 from ..script.reduction import MEAN, SUM, backward_reduction
 from ..script.uses import uses_of
 from .common import (
     ACCELERATOR,
-    ACCELERATOR_STATEMENT,
     ADDED_NAMES,
     CannotMigrate,
     Plan,
     accelerator_call,
+    accelerator_statement,
     expression,
     statement,
     unwrapped,
 )
 from .exits import ExitReading
+from .precision import Precision
 
 # What DistributedDataParallel answers itself, as the bare module would.
 WRAPPER_SAFE = frozenset(
@@ -62,7 +62,6 @@ class Planner:
 
     def make(self) -> Plan:
         self._refuse_if_already_distributed()
-        self._refuse_mixed_precision()
         self._refuse_on_name_clash()
         steps = self.script.training_steps
         if not steps:
@@ -70,10 +69,13 @@ class Planner:
             raise CannotMigrate(first or self.module, "AM820", "no `backward()` call found, so no training loop: accelerate changed nothing")
         self.entry = self._entry_scope(steps)
         self.body = self._entry_body()
+        self.precision = Precision(self)
+        self.precision.plan_mixed_precision()
         self._plan_accelerator()
         self._plan_devices()
         self._plan_data_parallel()
         prepared = self._plan_prepare(steps)
+        self._write_accelerator()
         self._plan_backward(steps)
         self._plan_clipping()
         self._plan_model_attributes(prepared)
@@ -95,18 +97,6 @@ class Planner:
         found = self._calls(v.ALREADY_DISTRIBUTED)
         if found:
             raise CannotMigrate(found[0], "AM822", "this script already sets up torch.distributed: accelerate changed nothing; move it onto Accelerate by hand or launch it as it is")
-
-    def _refuse_mixed_precision(self) -> None:
-        for call in self.uses.calls:
-            names = self.codemod.qualified_names(call.func)
-            if any(n in v.AUTOCAST or n in GRAD_SCALER or n.startswith((*v.AMP_PREFIXES, "apex.")) for n in names):
-                raise CannotMigrate(
-                    call, "AM821",
-                    "mixed precision (autocast, GradScaler, apex): accelerate changed nothing; remove the autocast "
-                    "blocks and the scaler (`scaler.scale(loss).backward()` -> `loss.backward()`, `scaler.step(opt)` -> "
-                    "`opt.step()`, no `scaler.update()`), run accelerate again, then pass "
-                    "`mixed_precision=\"fp16\"` (or \"bf16\") to `Accelerator(...)`",
-                )
 
     def _refuse_on_name_clash(self) -> None:
         for name in ADDED_NAMES:
@@ -175,9 +165,16 @@ class Planner:
         if anchor is None:
             raise CannotMigrate(self.module, "AM820", "no code that runs in this file to make the `Accelerator` in: accelerate changed nothing")
         self.accelerator_anchor = anchor
-        self.plan.before.setdefault(anchor, []).append(statement(ACCELERATOR_STATEMENT, self.config))
+        self.shuffled_loaders = []
         self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
         self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
+
+    def _write_accelerator(self) -> None:
+        """Written once the training loaders are read: a shuffled one is dispatched from rank 0."""
+        dispatch = bool(self.shuffled_loaders)
+        self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode), self.config))
+        for call in self.shuffled_loaders:
+            self.plan.fixes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): on N processes rank 0 alone iterates it, drawing the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
 
     # -- devices ----------------------------------------------------------------------------
 
@@ -289,8 +286,10 @@ class Planner:
         if keyword_arg(call, "batch_sampler") is None and (size is None or isinstance(size.value, cst.Integer) and int(size.value.value) == 1):
             raise CannotMigrate(call, "AM829", "training DataLoader with a batch of one: the processes cannot split it; give it a batch size that the number of processes divides, then run accelerate again")
         shuffle = keyword_arg(call, "shuffle")
-        if shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False"):
-            self.plan.notes.append((call, "AM810", "shuffled training DataLoader: a world of one draws the original's order; on N processes every rank follows rank 0's generator (seeded by the script's own seed), so each epoch's samples are seen once, in another order than one process draws"))
+        shuffled = shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False")
+        # A sampler of the script's own (RandomSampler) is reseeded by `prepare` just as `shuffle=True` is.
+        if shuffled or keyword_arg(call, "sampler") is not None:
+            self.shuffled_loaders.append(call)
         drop_last = keyword_arg(call, "drop_last")
         if drop_last is None or not (isinstance(drop_last.value, cst.Name) and drop_last.value.value == "True"):
             self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True`, or a data set the batch size divides, keeps the original's steps"))
@@ -305,11 +304,11 @@ class Planner:
             reduction = backward_reduction(self.script, call)
             if reduction not in (MEAN, SUM, None):
                 raise CannotMigrate(call, "AM823", "a loss whose reduction over the batch cannot be read: accelerate changed nothing; DDP averages the processes' gradients, which is the original's gradient for a mean over the batch only")
-            loss = call.func.value
+            loss = self._unscaled(call.func.value)
             times = f" * {ACCELERATOR}.num_processes" if reduction == SUM else ""
 
             def edit(updated, times=times):
-                value = updated.func.value
+                value = self._unscaled(updated.func.value)
                 if times:
                     value = cst.BinaryOperation(left=value, operator=cst.Multiply(), right=expression(f"{ACCELERATOR}.num_processes"))
                 return accelerator_call("backward", [cst.Arg(value=value)])
@@ -317,6 +316,14 @@ class Planner:
             self.plan.edit(call, edit)
             why = " times the number of processes: the loss sums over the batch, and DDP averages the processes' sums" if times else ""
             self.plan.fixes.append((call, "AM804", f"`{ACCELERATOR}.backward({code_of(loss)}{times})`{why}"))
+
+    def _unscaled(self, operand: cst.BaseExpression) -> cst.BaseExpression:
+        """`loss` for `scaler.scale(loss)` of the GradScaler that Precision removes."""
+        scaler = self.precision.scaler
+        if scaler and isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) \
+                and dotted_name(operand.func.value) == scaler and operand.func.attr.value == "scale":
+            return operand.args[0].value
+        return operand
 
     def _plan_clipping(self) -> None:
         for call in self._calls(CLIP_GRAD_FUNCTIONS):
