@@ -22,6 +22,16 @@ For each script and each set of words:
     python benchmarks/reach.py                 # every set of words
     python benchmarks/reach.py --words ddp     # one set (a key of WORD_SETS)
     python benchmarks/reach.py --no-run        # migrate and classify by findings only
+    python benchmarks/reach.py --words ddp --ddp-parity
+
+The last lines count, per set of words, the scripts with no manual step
+(verdict full). `--ddp-parity` also launches each `ddp` copy on 2 gloo
+processes (`python -m torch.distributed.run --nproc-per-node 2`, CPU) and
+compares the parameters every optimizer ends with, watched from outside by
+fixtures/scripts/ddp_rank_weights.py, with the original's in one process:
+the ranks must agree within 1e-6 and match the one process within 1e-5
+(float sums in another order). A final loss printed by one rank is that
+rank's share of the batch, so weights are what is compared.
 """
 
 from __future__ import annotations
@@ -51,12 +61,18 @@ EVERY_WORD = "modernize,main-guard,workers,item,empty-cache,device,amp,ddp,sync-
 # name -> (words, whether the migrated script computes exactly what the original does)
 WORD_SETS = {
     "default": ("modernize,workers,item,empty-cache", True),
+    "checklist": ("checklist", True),  # amp computes in float32 on a CPU
     "every": (EVERY_WORD, False),  # accumulate=2 takes one step per two batches
     "device,amp": ("device,amp", True),  # amp computes in float32 on a CPU
     "ddp": ("ddp", True),  # one process draws the original's order
 }
 TOLERANCE = 1e-6
 RUN_TIMEOUT_S = 180
+# --ddp-parity: the watcher that keeps what each rank's optimizers trained
+WATCHER = HERE.parent / "fixtures" / "scripts" / "ddp_rank_weights.py"
+RANK_TOLERANCE = 1e-6  # both ranks apply the same all-reduced gradients
+ONE_PROCESS_TOLERANCE = 1e-5  # half batches on two processes: float sums in another order
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELMIGRATE_PRECISION")
 FINAL_LOSS = re.compile(r"^final loss: (\S+)\s*$", re.MULTILINE)
 
 
@@ -173,7 +189,83 @@ def classify(job: Migrated, original: Optional[Run], after: Optional[Run]) -> Ou
     return Outcome(job.script.name, name, "partly" if left else "full", left, ran_before, runs_after, why)
 
 
-def table(outcomes: list[Outcome], names: list[str], ran: bool) -> str:
+@dataclasses.dataclass
+class Parity:
+    verdict: str  # same, differ, failed, n/a
+    why: str
+
+
+def _parity_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    # One thread per process, in both runs: two ranks share the cores, and the
+    # one-process run then sums in the same order as each rank does.
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _last_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    # the script's own error, not the launcher's summary after it ("[rank1]: ValueError: ...")
+    errors = [line for line in lines if re.match(r"^(\[rank\d+\]:\s*)?\w*(Error|Exception)\b", line)]
+    return ((errors or lines or ["(no output)"])[-1])[:160]
+
+
+def _watched_weights(command: list[str], cwd: Path, out: Path):
+    """Run `command` (the watcher, writing into `out`): the parameters each
+    rank's optimizers ended with, rank by rank, or why there are none."""
+    import torch  # only for --ddp-parity
+
+    out.mkdir(parents=True)
+    try:
+        done = subprocess.run(command, cwd=cwd, env=_parity_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {RUN_TIMEOUT_S} s"
+    if done.returncode != 0:
+        return None, f"exit {done.returncode}: {_last_error(done.stderr)}"
+    return [torch.load(f) for f in sorted(out.glob("weights-rank*.pt"))], ""
+
+
+def _largest_difference(first: list, second: list) -> Optional[float]:
+    if [p.shape for p in first] != [p.shape for p in second]:
+        return None
+    return max(((a - b).abs().max().item() for a, b in zip(first, second)), default=0.0)
+
+
+def ddp_parity(original: Path, copy: Path, folder: Path) -> Parity:
+    """The `ddp` copy on 2 gloo processes against the original on one."""
+    folder = folder.resolve()  # the runs start in the scripts' own folders
+    alone, why = _watched_weights([sys.executable, str(WATCHER), str(folder / "one"), original.name], original.parent, folder / "one")
+    if why:
+        return Parity("failed", f"the original under the watcher: {why}")
+    if not alone[0]:  # weights updated by hand: the watcher sees no optimizer
+        return Parity("n/a", "no torch.optim optimizer stepped in the original")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    ranks, why = _watched_weights([*torchrun, str(WATCHER), str(folder / "two"), copy.name], copy.parent, folder / "two")
+    if why:
+        return Parity("failed", f"on 2 processes: {why}")
+    if len(ranks) != 2:
+        return Parity("failed", f"{len(ranks)} weights files from 2 ranks")
+    between_ranks, from_one = _largest_difference(*ranks), _largest_difference(alone[0], ranks[0])
+    if between_ranks is None or from_one is None:
+        return Parity("differ", "other parameters than the original's optimizers train")
+    if between_ranks > RANK_TOLERANCE:
+        return Parity("differ", f"the ranks end {between_ranks:.1e} apart")
+    if from_one > ONE_PROCESS_TOLERANCE:
+        return Parity("differ", f"{from_one:.1e} from the one-process weights")
+    return Parity("same", f"{from_one:.0e} from the one-process weights")
+
+
+def no_manual_step(outcomes: list[Outcome], names: list[str]) -> str:
+    """Per set of words, the scripts it leaves with no manual step."""
+    lines = []
+    for name in names:
+        mine = [o for o in outcomes if o.words == name]
+        full = sum(o.verdict == "full" for o in mine)
+        lines.append(f"{name}: {full} of {len(mine)} scripts with no manual step ({100 * full / max(len(mine), 1):.0f}%)")
+    return "\n".join(lines)
+
+
+def table(outcomes: list[Outcome], names: list[str], ran: bool, parity: Optional[dict] = None) -> str:
     by_script = collections.defaultdict(dict)
     for outcome in outcomes:
         by_script[outcome.script][outcome.words] = outcome
@@ -187,6 +279,8 @@ def table(outcomes: list[Outcome], names: list[str], ran: bool) -> str:
                 cell += " (" + ", ".join(sorted(outcome.left)) + ")"
             if not outcome.ran_before and outcome.runs_after is not None:
                 cell += ", runs now" if outcome.runs_after else ", still fails"
+            if name == "ddp" and parity and script in parity:
+                cell += f"; 2 ranks: {parity[script].verdict}"
             cells.append(cell)
         first = next(iter(by_script[script].values()))
         lines.append(f"| {script} | {('yes' if first.ran_before else 'no') if ran else '-'} | " + " | ".join(cells) + " |")
@@ -211,14 +305,28 @@ def totals(outcomes: list[Outcome], names: list[str], ran: bool) -> str:
     return "\n".join(lines)
 
 
+def parity_of_ddp_copies(migrated: list[Migrated], originals: dict, root: Path) -> dict:
+    """script name -> Parity, for each `ddp` copy whose original ran."""
+    jobs = [j for j in migrated if j.name == "ddp" and j.copy and originals[j.script].ok]
+    folders = [root / f"parity-{index}" for index in range(len(jobs))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        found = pool.map(lambda job, folder: ddp_parity(job.script, job.copy, folder), jobs, folders)
+        return {job.script.name: parity for job, parity in zip(jobs, found)}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--words", action="append", choices=list(WORD_SETS), help="a set of words (repeatable)")
     parser.add_argument("--no-run", action="store_true", help="classify by findings only, run nothing")
+    parser.add_argument("--ddp-parity", action="store_true", help="also run each `ddp` copy on 2 gloo processes against the original on one")
     parser.add_argument("scripts", nargs="*", type=Path, help="scripts (default: benchmarks/reach/*.py)")
     args = parser.parse_args(argv)
+    if args.ddp_parity and args.no_run:
+        parser.error("--ddp-parity runs the scripts: it cannot go with --no-run")
     names = args.words or list(WORD_SETS)
-    scripts = args.scripts or sorted(CORPUS.glob("*.py"))
+    if args.ddp_parity and "ddp" not in names:
+        names.append("ddp")
+    scripts = [script.resolve() for script in args.scripts] or sorted(CORPUS.glob("*.py"))
     started = time.perf_counter()
     jobs = [(script, name) for script in scripts for name in names]
     with tempfile.TemporaryDirectory() as root:
@@ -228,7 +336,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             runnable = [job.copy if job.copy and not args.no_run else None for job in migrated]
             afters = list(pool.map(lambda copy: copy and run_script(copy), runnable))
         outcomes = [classify(job, originals.get(job.script), after) for job, after in zip(migrated, afters)]
-    print(table(outcomes, names, not args.no_run))
+        parity = parity_of_ddp_copies(migrated, originals, Path(root)) if args.ddp_parity else {}
+    print(table(outcomes, names, not args.no_run, parity))
     print()
     print(totals(outcomes, names, not args.no_run))
     problems = [o for o in outcomes if o.why]
@@ -236,9 +345,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         print()
         for o in problems:
             print(f"- {o.script} `{o.words}`: {o.verdict}: {o.why}")
+    if parity:
+        print()
+        same = sum(p.verdict == "same" for p in parity.values())
+        compared = sum(p.verdict != "n/a" for p in parity.values())
+        print(f"`ddp` on 2 gloo processes against the original on one: {same} of {compared} end with the same weights")
+        for script, p in sorted(parity.items()):
+            if p.verdict != "same":
+                print(f"- {script}: {p.verdict}: {p.why}")
+    print()
+    print(no_manual_step(outcomes, names))
     print(f"({len(scripts)} scripts, {time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    return 1 if any(o.verdict == "broke" for o in outcomes) else 0
-
+    broke = any(o.verdict == "broke" for o in outcomes) or any(p.verdict in ("differ", "failed") for p in parity.values())
+    return 1 if broke else 0
 
 if __name__ == "__main__":
     sys.exit(main())
