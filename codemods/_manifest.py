@@ -212,9 +212,10 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                    'AM537': 'folder created on every rank at once',
                    'AM538': "BatchNorm statistics computed on each process's share of the batch (see "
                             'sync-bn)',
+                   'AM535': 'random draws (dropout, noise) made by each process for its share of the batch',
                    'AM539': "batch drawn without a DataLoader (by index, whole tensors, a function's "
                             'results), alike on every rank'},
-         'notes': ('AM524', 'AM526', 'AM538')},
+         'notes': ('AM524', 'AM526', 'AM535', 'AM538')},
  'sync-bn': {'module': 'sync_bn',
              'name': 'SyncBatchNorm',
              'summary': 'BatchNorm -> SyncBatchNorm before DistributedDataParallel wraps the model',
@@ -264,6 +265,7 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                     'AM537': 'folder created on every rank at once',
                     'AM538': "BatchNorm statistics computed on each process's share of the batch (see "
                              'sync-bn)',
+                    'AM535': 'random draws (dropout, noise) made by each process for its share of the batch',
                     'AM539': "batch drawn without a DataLoader (by index, whole tensors, a function's "
                              'results), alike on every rank',
                     'AM760': 'trained model not sharded across the processes (FSDP2 `fully_shard`)',
@@ -277,7 +279,7 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                     'AM768': 'model used outside forward (own methods, tracing) where its parameters are '
                              'sharded',
                     'AM769': 'save or load of the model under a condition each rank decides for itself'},
-          'notes': ('AM524', 'AM526', 'AM538')},
+          'notes': ('AM524', 'AM526', 'AM535', 'AM538')},
  'accelerate': {'module': 'accelerate',
                 'name': 'AccelerateCodemod',
                 'summary': 'a plain or DataParallel script -> Hugging Face Accelerate (prepare, backward, '

@@ -131,7 +131,7 @@ def test_rank_zero_output_is_one_finding_per_file():
 
 def test_information_only_codes_are_notes():
     ddp = all_codemods()["ddp"]
-    assert ddp.notes == {"AM524", "AM526", "AM538"} and ddp.notes <= set(ddp.codes)
+    assert ddp.notes == {"AM524", "AM526", "AM535", "AM538"} and ddp.notes <= set(ddp.codes)
 
 
 def test_an_already_distributed_script_passes_check():
@@ -172,3 +172,27 @@ def test_rank_zero_decides_in_a_group_and_alone(group_of_one):
     dist.destroy_process_group()
     assert distributed.rank_zero_decides([1]) is True
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def test_random_draws_per_rank_are_a_note_not_a_manual_step():
+    """Dropout in a wrapped model, numpy noise in the step: each rank draws its
+    own for its share (AM535, a note); a draw that each rank takes its rows
+    of (`draw_rank_share`) and a draw for samples under no_grad are not noted."""
+    dropout = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
+        "model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.2), nn.Linear(8, 2))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(list(zip(torch.randn(16, 4), torch.randint(0, 2, (16,)))), batch_size=4, shuffle=True)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n        optimizer.zero_grad()\n"
+        "        nn.functional.cross_entropy(model(x), y).backward()\n        optimizer.step()\n"
+    )
+    findings = migrate_source(dropout, [("ddp", {})], "train.py").findings
+    assert [f.code for f in findings if f.code == "AM535"] == ["AM535"]
+    assert not [f for f in findings if not f.fixed and f.code not in all_codemods()["ddp"].notes]
+    plain = dropout.replace("nn.Dropout(0.2), ", "")
+    assert "AM535" not in [f.code for f in migrate_source(plain, [("ddp", {})], "train.py").findings]
+    numpy_noise = plain.replace("        optimizer.zero_grad()\n", "        x = x + torch.from_numpy(np.random.normal(size=x.shape)).float()\n        optimizer.zero_grad()\n")
+    numpy_noise = "import numpy as np\n" + numpy_noise
+    assert "AM535" in [f.code for f in migrate_source(numpy_noise, [("ddp", {})], "train.py").findings]
+    sampled = plain.replace("        optimizer.step()\n", "        optimizer.step()\n        with torch.no_grad():\n            model(torch.randn(2, 4))\n")
+    assert "AM535" not in [f.code for f in migrate_source(sampled, [("ddp", {})], "train.py").findings]

@@ -109,6 +109,7 @@ class RankNoise(LocalBatchSize):
         return [a.value for a in positional]
 
     def _plan_shared_draw(self, call: cst.Call, dims: list[cst.BaseExpression]) -> None:
+        self._rank_shared_draws.add(call)
         if any(self._clashes(n) for n in self._uses.names.get("draw_rank_share", ())):
             self.report(
                 call, "AM532",

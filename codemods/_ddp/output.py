@@ -99,6 +99,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             self._plan_rank_zero_writer(writer)
         self._plan_directories()
         self._note_batch_norm(models)  # with the models' other per-rank consequences
+        self._note_rank_randomness(models)
         if written:
             self._plan_reads_after_writes(written)
 
@@ -149,15 +150,17 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             old = keyword_arg(updated, "disable")
             if old is None:
                 return append_keyword_args(updated, [("disable", hidden)])
-            value = old.value if not isinstance(old.value, (cst.BooleanOperation, cst.IfExp, cst.Lambda)) else old.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            combined = cst.BooleanOperation(value, cst.Or(), hidden)
+            # `X if is_main_process() else True`, not `X or not is_main_process()`: tqdm's
+            # `disable=None` (off where the output is no terminal) must stay None on rank 0.
+            value = old.value if not isinstance(old.value, (cst.IfExp, cst.Lambda)) else old.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            combined = cst.IfExp(test=cst.parse_expression("is_main_process()"), body=value, orelse=cst.Name("True"))
             return updated.with_changes(args=[a.with_changes(value=combined) if a is old else a for a in updated.args])
 
         def apply() -> None:
             self._use("is_main_process")
             self._edits[call] = rewrite
 
-        self._step(call, "AM507", "tqdm bar on rank 0 only: `disable=not is_main_process()`", apply)
+        self._step(call, "AM507", "tqdm bar on rank 0 only: `disable=not is_main_process()` (a `disable=` given: kept on rank 0)", apply)
 
     def _output_kind(self, statement: cst.CSTNode, loggers: set[cst.CSTNode]) -> Optional[str]:
         if isinstance(statement, cst.With):
