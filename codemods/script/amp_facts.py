@@ -51,8 +51,6 @@ _ACCELERATOR_STRINGS = ("cuda", "mps", "xpu")
 # Where the code that runs in a loop stops: nested code runs when called.
 _DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
-_latest: list = [None, None]  # [model, facts]: one file version at a time
-
 
 class AmpFacts:
     def __init__(self, model: ScriptModel) -> None:
@@ -246,9 +244,7 @@ class AmpFacts:
 
 
 def amp_facts(model: ScriptModel) -> AmpFacts:
-    if _latest[0] is not model:
-        _latest[:] = [model, AmpFacts(model)]
-    return _latest[1]
+    return model.derived(AmpFacts)
 
 
 __all__ = ["AmpFacts", "amp_facts"]
