@@ -1,21 +1,5 @@
-"""The language server's features (pygls): what `accelmigrate server` runs.
-
-One warm process for the whole editing session. On open, change (full or
-incremental sync) and save of a Python file or a notebook (its .ipynb text,
-or the cells of a notebook document, as VS Code's notebook editor sends
-them) it publishes what `check` reports for the buffer's text: notes as
-information, the others as warnings; a hover on a finding shows its
-`explain` entry. Each fixable finding offers the quick fix "apply `WORD` to
-this file", and the document offers `source.fixAll.accelmigrate` for the
-configured words: both replace the document (each changed cell) with exactly
-what `accelmigrate apply --to WORDS` writes for that text. Results are kept
-per document and keyed by its text (`server_documents.py`), so only the
-changed document is checked again.
-
-A document that cannot be checked (it does not parse, a mistake in
-pyproject.toml) gets one error diagnostic where the error is, never a crash.
-Like `check`, the server never imports torch (`accelmigrate/status` says so).
-"""
+"""The language server's features (pygls): the handlers `accelmigrate server`
+runs. What the server does, for whom and why, is in `accelmigrate/server.py`."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ class BatchNormNote(ScriptQueries):
             return
         classes = {s.name.value: s for s in self._module.body if isinstance(s, cst.ClassDef)}
         for model in models:
-            built = next((value for value in self._built_as(model) if self._builds_batch_norm(value, classes, set())), None)
+            built = next((value for value in self._built_as(model) if self._builds_layer_of(value, BATCH_NORM, classes, set())), None)
             if built is not None:
                 self.report(
                     built, "AM538",
@@ -54,7 +54,7 @@ class BatchNormNote(ScriptQueries):
             return
         classes = {s.name.value: s for s in self._module.body if isinstance(s, cst.ClassDef)}
         for model in models:
-            built = next((value for value in self._built_as(model) if self._draws_randomly(value, classes, set())), None)
+            built = next((value for value in self._built_as(model) if self._builds_layer_of(value, RANDOM_LAYERS, classes, set())), None)
             if built is not None:
                 self.report(
                     built, "AM535",
@@ -91,18 +91,6 @@ class BatchNormNote(ScriptQueries):
             return True
         return any(name.startswith(("numpy.random.", "random.")) for name in names)
 
-    def _draws_randomly(self, code: cst.CSTNode, classes: dict, seen: set) -> bool:
-        """`code` builds a layer that draws, or calls a class of this file that does."""
-        for node in walk(code):
-            if isinstance(node, (cst.Name, cst.Attribute)) and self.qualified_names(node) & RANDOM_LAYERS:
-                return True
-            if isinstance(node, cst.Call):
-                for name in set(self.qualified_names(node.func)) & classes.keys() - seen:
-                    seen.add(name)
-                    if self._draws_randomly(classes[name], classes, seen):
-                        return True
-        return False
-
     def _built_as(self, model) -> Iterator[cst.BaseExpression]:
         for binding in self._bindings_of_var(model):
             value = binding.value
@@ -113,14 +101,14 @@ class BatchNormNote(ScriptQueries):
                 entity = self.script.entity(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
                 value = entity.origin.value if entity is not None and entity.origin.value is not value else None
 
-    def _builds_batch_norm(self, code: cst.CSTNode, classes: dict, seen: set) -> bool:
-        """`code` names a BatchNorm class, or calls a class of this file that does."""
+    def _builds_layer_of(self, code: cst.CSTNode, layers: frozenset, classes: dict, seen: set) -> bool:
+        """`code` names one of `layers`, or calls a class of this file that does."""
         for node in walk(code):
-            if isinstance(node, (cst.Name, cst.Attribute)) and self.qualified_names(node) & BATCH_NORM:
+            if isinstance(node, (cst.Name, cst.Attribute)) and self.qualified_names(node) & layers:
                 return True
             if isinstance(node, cst.Call):
                 for name in set(self.qualified_names(node.func)) & classes.keys() - seen:
                     seen.add(name)
-                    if self._builds_batch_norm(classes[name], classes, seen):
+                    if self._builds_layer_of(classes[name], layers, classes, seen):
                         return True
         return False
