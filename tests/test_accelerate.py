@@ -22,19 +22,17 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCRIPTS, TEARDOWN_ABORT, run_cli
+from conftest import ROOT, SCRIPTS, run_cli
+from launching import Launch, cpu_env, on_two
 
 from accelmigrate.engine import migrate_source
 
 TOLERANCE = 1e-5
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TRAIN_SAMPLES = 256  # dp_parity.py's training set
 BATCH_SIZE = 16  # dp_parity.py's default global batch
 EPOCHS = 3
@@ -120,7 +118,7 @@ def test_mixed_precision_script_on_a_cpu_computes_the_originals_losses(tmp_path)
     migrated.write_text(_migrate(MIXED_PRECISION).code)
     losses = []
     for script in (original, migrated):
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=600, check=False)
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=cpu_env(), cwd=tmp_path, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
         losses.append([float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step loss")])
     assert len(losses[0]) == 18
@@ -128,46 +126,6 @@ def test_mixed_precision_script_on_a_cpu_computes_the_originals_losses(tmp_path)
 
 
 # -- end to end ---------------------------------------------------------------------------
-
-
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _on_two(script: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()), str(script), *args]
-
-
-class Launch:
-    def __init__(self, name: str, command: list[str], cwd: Path, env: dict) -> None:
-        self.name, self.command, self.cwd, self.env = name, command, cwd, env
-        self._start()
-
-    def _start(self) -> None:
-        self.out, self.err = self.cwd / f"{self.name}.out", self.cwd / f"{self.name}.err"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.process = subprocess.Popen(self.command, stdout=out, stderr=err, env=self.env, cwd=self.cwd)
-
-    def wait(self, reruns: int = 3) -> Launch:
-        try:
-            self.returncode = self.process.wait(600)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.returncode = self.process.wait()
-        self.stdout, self.stderr = self.out.read_text(), self.err.read_text()
-        if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and reruns:
-            self._start()  # see conftest.TEARDOWN_ABORT
-            return self.wait(reruns - 1)
-        assert self.returncode == 0, f"{self.name}: exit {self.returncode}\n{self.stdout[-2000:]}\n{self.stderr[-3000:]}"
-        return self
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +143,7 @@ def runs(tmp_path_factory):
         folders[name] = work / name
         folders[name].mkdir()
     dp, flat = migrated["dp_parity.py"], migrated["ddp_plain_flat.py"]
-    cpu = _env(ACCELERATE_USE_CPU="true")
+    cpu = cpu_env(ACCELERATE_USE_CPU="true")
 
     def parity(folder: str, shuffled: bool = False) -> list[str]:
         extra = ["--shuffle", "--trace", str(folders[folder])] if shuffled else []
@@ -194,16 +152,16 @@ def runs(tmp_path_factory):
     launches = {
         "original": [sys.executable, str(SCRIPTS / "dp_parity.py"), *parity("original")],
         "plain": [sys.executable, str(dp), *parity("plain")],
-        "two": _on_two(dp, *parity("two")),
+        "two": on_two(dp, *parity("two")),
         "flat_original": [sys.executable, str(SCRIPTS / "ddp_plain_flat.py"), str(folders["flat_original"])],
         "flat_plain": [sys.executable, str(flat), str(folders["flat_plain"])],
-        "flat_two": _on_two(flat, str(folders["flat_two"])),
+        "flat_two": on_two(flat, str(folders["flat_two"])),
         "shuffled_original": [sys.executable, str(SCRIPTS / "dp_parity.py"), *parity("shuffled_original", True)],
         "shuffled_plain": [sys.executable, str(dp), *parity("shuffled_plain", True)],
-        "shuffled_two": _on_two(dp, *parity("shuffled_two", True)),
+        "shuffled_two": on_two(dp, *parity("shuffled_two", True)),
     }
-    started = [Launch(name, command, work, cpu) for name, command in launches.items()]
-    return {launch.name: launch.wait() for launch in started}, folders
+    started = [Launch(work, name, command, cpu, work) for name, command in launches.items()]
+    return {launch.name: launch.wait().succeeded() for launch in started}, folders
 
 
 def _checkpoints(folder: Path) -> list[Path]:

@@ -33,9 +33,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -52,20 +50,23 @@ from accelmigrate.codemods.script.ddp_spelling import is_unbound, reads_import_o
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime import distributed
 
-from conftest import ROOT, SCRIPTS, TEARDOWN_ABORT, TEARDOWN_RERUNS, run_cli
+from conftest import ROOT, SCRIPTS, run_cli
+from launching import (
+    LAUNCH_VARIABLES,
+    ONE_PROCESS_TOLERANCE,
+    RANK_WEIGHTS,
+    SLURM_VARIABLES,
+    Launch,
+    assert_ranks_agree,
+    cpu_env,
+    free_port,
+    largest_parameter_difference,
+    rank_weights,
+)
 
-LAUNCH_TIMEOUT = 600
 EPOCHS = 3
 SHUFFLED_EPOCHS = 2
 TRAIN_SAMPLES = 256  # dp_parity.py's training set
-RANK_WEIGHTS = SCRIPTS / "ddp_rank_weights.py"
-# Both ranks apply the same all-reduced gradients to the same parameters.
-RANK_TOLERANCE = 1e-6
-# Two processes on half batches against one on whole ones: float sums in another order.
-ONE_PROCESS_TOLERANCE = 1e-5
-
-LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
 
 
 @pytest.fixture
@@ -281,47 +282,6 @@ def test_ddp_and_sync_bn_ask_the_model_not_libcsts_scope_analysis():
 # -- launches -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _cpu_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES + SLURM_VARIABLES}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
-    return env
-
-
-class Launch:
-    """A subprocess writing to files, so that many can run at once."""
-
-    def __init__(self, folder: Path, name: str, command: list[str], env: dict, cwd: Path) -> None:
-        self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
-        self._start = lambda: self._popen(command, env, cwd)
-        self._start()
-
-    def _popen(self, command: list[str], env: dict, cwd: Path) -> None:
-        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
-            self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
-
-    def wait(self, reruns_left: int = TEARDOWN_RERUNS) -> "Launch":
-        try:
-            self.process.wait(LAUNCH_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.returncode = self.process.returncode
-        self.stdout, self.stderr = self.stdout_path.read_text(), self.stderr_path.read_text()
-        if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and reruns_left > 0:
-            self._start()  # see conftest.TEARDOWN_ABORT
-            return self.wait(reruns_left - 1)
-        return self
-
-    def describe(self) -> str:
-        return f"exit {self.returncode}\n--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-3000:]}"
-
-
 def _migrated(work: Path, script: str) -> Path:
     """`accelmigrate apply --to ddp` on a copy of a bundled script."""
     migrated = work / script
@@ -342,7 +302,7 @@ def runs(tmp_path_factory):
     folders = {name: work / name for name in names}
     for folder in folders.values():
         folder.mkdir()
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2"]
 
     def watched(name: str, script: Path, *args: str) -> list[str]:
@@ -372,9 +332,9 @@ def runs(tmp_path_factory):
             env, work,
         ),
     }
-    port = str(_free_port())
+    port = str(free_port())
     for rank in range(2):
-        slurm = _cpu_env(
+        slurm = cpu_env(
             SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2",
             SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242", MASTER_PORT=port,
         )
@@ -487,25 +447,6 @@ def test_runtime_across_two_slurm_tasks(runs):
 # -- every rank ends with the same weights --------------------------------------------
 
 
-def _rank_weights(folder: Path) -> list[list[torch.Tensor]]:
-    files = sorted(folder.glob("weights-rank*.pt"))
-    return [torch.load(f) for f in files]
-
-
-def _largest_parameter_difference(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
-    assert [p.shape for p in first] == [p.shape for p in second]
-    return max((a - b).abs().max().item() for a, b in zip(first, second))
-
-
-def _assert_ranks_agree(launch: Launch, folder: Path) -> list[torch.Tensor]:
-    """Both ranks finished and hold the same trained parameters; rank 0's."""
-    assert launch.returncode == 0, launch.describe()
-    ranks = _rank_weights(folder)
-    assert len(ranks) == 2, f"one weights file per rank: {sorted(p.name for p in folder.iterdir())}"
-    assert _largest_parameter_difference(*ranks) <= RANK_TOLERANCE, "the ranks trained different models"
-    return ranks[0]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name, original",
@@ -517,11 +458,11 @@ def test_both_ranks_end_with_the_same_weights(runs, name, original):
     A model wrapped in a function that training never reaches (an optimizer
     factory) fails here: each rank trains its own copy."""
     launches, folders, _ = runs
-    weights = _assert_ranks_agree(launches[name], folders[name])
+    weights = assert_ranks_agree(launches[name], folders[name])
     if original is not None:
         assert launches[original].returncode == 0, launches[original].describe()
-        (one_process,) = _rank_weights(folders[original])
-        assert _largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
+        (one_process,) = rank_weights(folders[original])
+        assert largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
 
 
 @pytest.mark.slow
@@ -597,7 +538,7 @@ def flat_runs(tmp_path_factory):
     folders = {name: work / name for name in names}
     for folder in folders.values():
         folder.mkdir()
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2"]
 
     def watched_gan(name: str, *flags: str) -> list[str]:
@@ -637,7 +578,7 @@ def test_flat_gan_wraps_both_models_the_discriminator_with_local_buffers():
 def test_flat_gan_on_two_processes_keeps_ranks_equal_and_saves_once(flat_runs, name):
     launches, folders, migrated = flat_runs
     assert "if __name__ == \"__main__\":\n    init_distributed()" in migrated.read_text()
-    _assert_ranks_agree(launches[name], folders[name])
+    assert_ranks_agree(launches[name], folders[name])
     assert "FutureWarning" not in launches[name].stderr, "a deprecated DDP keyword"
     assert len(_epoch_lines(launches[name].stdout)) == GAN_EPOCHS, "each epoch line printed once"
     (checkpoint,) = folders[name].glob("gan*.pt")

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES, run_cli
-from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
+from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights
 
 CASES = FIXTURES / "ddp"
 CASES_RUN = ("index_slices", "index_full_batch", "index_batch_function", "index_summed_loss")
@@ -46,7 +46,7 @@ def _migrate(work: Path, case: str) -> Path:
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     work = tmp_path_factory.mktemp("ddp-index")
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     plans = {}
     for case in CASES_RUN:
         migrated = _migrate(work, case)
@@ -75,9 +75,9 @@ def test_alone_the_migrated_script_prints_the_original_loss(launches, case):
 @pytest.mark.parametrize("case", CASES_RUN)
 def test_two_ranks_end_with_the_one_process_weights(launches, case):
     runs, folders = launches
-    weights = _assert_ranks_agree(runs[f"{case}-ddp"], folders[f"{case}-ddp"])
-    (original,) = _rank_weights(folders[f"{case}-original"])
-    assert _largest_parameter_difference(original, weights) <= ONE_PROCESS_TOLERANCE
+    weights = assert_ranks_agree(runs[f"{case}-ddp"], folders[f"{case}-ddp"])
+    (original,) = rank_weights(folders[f"{case}-original"])
+    assert largest_parameter_difference(original, weights) <= ONE_PROCESS_TOLERANCE
 
 
 @pytest.fixture

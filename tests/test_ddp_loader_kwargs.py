@@ -23,14 +23,14 @@ from accelmigrate.codemods import parse_words, resolve
 from accelmigrate.engine import plan_of, process_file
 
 from conftest import FIXTURES, run_launch
-from test_ddp import ONE_PROCESS_TOLERANCE, RANK_TOLERANCE, RANK_WEIGHTS, _cpu_env, _largest_parameter_difference, _rank_weights
+from launching import ONE_PROCESS_TOLERANCE, RANK_TOLERANCE, RANK_WEIGHTS, cpu_env, largest_parameter_difference, rank_weights
 
 VAE = Path(__file__).resolve().parent.parent / "benchmarks" / "reach" / "vae_mnist_shape.py"
 FINAL = re.compile(r"^final loss: (\S+)$", re.MULTILINE)
 
 
 def _final_losses(command: list, folder: Path) -> list:
-    done = run_launch(command, cwd=folder, env=_cpu_env(), timeout=300)
+    done = run_launch(command, cwd=folder, env=cpu_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return [float(x) for x in FINAL.findall(done.stdout)]
 
@@ -67,9 +67,9 @@ def test_sharded_loader_trains_as_the_original(tmp_path, case):
         folder.mkdir()
     _final_losses([sys.executable, str(RANK_WEIGHTS), str(folders["original"]), str(original)], tmp_path)
     two = [sys.executable, "-m", "accelmigrate", "run", "--nproc-per-node", "2", "--force", str(RANK_WEIGHTS), "--", str(folders["ddp"]), str(migrated)]
-    done = run_launch(two, cwd=tmp_path, env=_cpu_env(), timeout=300)
+    done = run_launch(two, cwd=tmp_path, env=cpu_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    ranks = _rank_weights(folders["ddp"])
-    assert len(ranks) == 2 and _largest_parameter_difference(*ranks) <= RANK_TOLERANCE
-    (weights,) = _rank_weights(folders["original"])
-    assert _largest_parameter_difference(weights, ranks[0]) <= ONE_PROCESS_TOLERANCE
+    ranks = rank_weights(folders["ddp"])
+    assert len(ranks) == 2 and largest_parameter_difference(*ranks) <= RANK_TOLERANCE
+    (weights,) = rank_weights(folders["original"])
+    assert largest_parameter_difference(weights, ranks[0]) <= ONE_PROCESS_TOLERANCE

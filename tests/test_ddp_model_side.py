@@ -32,7 +32,7 @@ from accelmigrate.codemods.script.entities import plain_forward, touches_no_para
 from accelmigrate.engine import migrate_source
 
 from conftest import FIXTURES, ROOT, run_cli
-from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
+from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights
 
 CASES = FIXTURES / "ddp"
 REACH = ROOT / "benchmarks" / "reach"
@@ -159,7 +159,7 @@ def _final_lines(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     work = tmp_path_factory.mktemp("ddp-model-side")
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2", "--force"]
     started, folders = {}, {}
     for name, source in [*((c, CASES / f"{c}.py") for c in FIXTURES_RUN), *((s, REACH / f"{s}.py") for s in REACH_RUN)]:
@@ -209,6 +209,6 @@ def test_two_ranks_end_with_the_one_process_weights(launches, name):
     trains (else each rank trains its own copy), `init_hidden` and the metric
     codes on the bare module (else an AttributeError on the wrapper)."""
     runs, folders = launches
-    weights = _assert_ranks_agree(runs[name, "ddp"], folders[name, "ddp"])
-    (one_process,) = _rank_weights(folders[name, "original"])
-    assert _largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
+    weights = assert_ranks_agree(runs[name, "ddp"], folders[name, "ddp"])
+    (one_process,) = rank_weights(folders[name, "original"])
+    assert largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE

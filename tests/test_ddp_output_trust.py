@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ import torch
 from accelmigrate.engine import migrate_source
 
 from conftest import run_cli
-from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
+from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights
 
 SCRIPT = textwrap.dedent(
     """\
@@ -86,7 +85,7 @@ def launches(tmp_path_factory):
     migrated.write_text(SCRIPT)
     applied = run_cli("apply", str(migrated), "--to", "ddp", cwd=work)
     assert "DistributedDataParallel" in migrated.read_text(), applied.stdout + applied.stderr
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2", "--force", str(RANK_WEIGHTS), "--"]
     started, folders = {}, {}
     for name, args, made in [("original", ("--reload",), False), *CASES]:
@@ -101,10 +100,10 @@ def launches(tmp_path_factory):
 
 
 def _ends_with_the_original_weights(launches, folders, name: str) -> None:
-    weights = _assert_ranks_agree(launches[name], folders[name])
+    weights = assert_ranks_agree(launches[name], folders[name])
     assert launches["original"].returncode == 0, launches["original"].describe()
-    (one_process,) = _rank_weights(folders["original"])
-    assert _largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
+    (one_process,) = rank_weights(folders["original"])
+    assert largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
 
 
 @pytest.mark.slow

@@ -30,7 +30,8 @@ from accelmigrate.engine import migrate_source
 from accelmigrate.runtime import distributed
 
 from conftest import SCRIPTS
-from test_ddp import LAUNCH_VARIABLES, ONE_PROCESS_TOLERANCE, SLURM_VARIABLES, Launch, _cpu_env, _largest_difference
+from launching import LAUNCH_VARIABLES, ONE_PROCESS_TOLERANCE, SLURM_VARIABLES, Launch, cpu_env
+from test_ddp import _largest_difference
 
 SCRIPTS_RUN = {"distill": ("ddp_distill_aux.py", "student.pt"), "a2c": ("ddp_actor_critic_sgd.py", "a2c.pt"), "early": ("ddp_early_exit.py", "early.pt")}
 
@@ -45,7 +46,7 @@ def _migrated(work: Path, script: str) -> Path:
 def reach_runs(tmp_path_factory):
     """Each script once in one process (the original) and once migrated on two."""
     work = tmp_path_factory.mktemp("reach")
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2"]
     launches, folders = {}, {}
     for name, (script, _) in SCRIPTS_RUN.items():

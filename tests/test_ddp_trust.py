@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES, run_cli
-from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
+from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights
 
 CASES = FIXTURES / "ddp"
 CASES_RUN = ("wrap_alias_forward", "gan_batch_noise", "gan_global_batch_size", "wrap_sibling_function", "gan_info_heads")
@@ -94,7 +94,7 @@ def launches(tmp_path_factory):
     watcher = work / "noise_watcher.py"
     watcher.write_text(NOISE_WATCHER.format(weights=str(RANK_WEIGHTS)))
     (work / "evaluation.py").write_text(EVALUATION)
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     two = [python, "-m", "accelmigrate", "run", "--nproc-per-node", "2", "--force"]
     plans = {}
     for case in CASES_RUN:
@@ -113,7 +113,7 @@ def launches(tmp_path_factory):
 def _one_process_weights(launches, folders, case: str) -> list[torch.Tensor]:
     original = launches[f"{case}-original"]
     assert original.returncode == 0, original.describe()
-    (weights,) = _rank_weights(folders[f"{case}-original"])
+    (weights,) = rank_weights(folders[f"{case}-original"])
     return weights
 
 
@@ -126,8 +126,8 @@ def test_two_ranks_end_with_the_one_process_weights(launches, case):
     model for another module's function (else an AttributeError), unused
     parameters allowed where a head goes unused (else DDP's reduction error)."""
     runs, folders = launches
-    weights = _assert_ranks_agree(runs[f"{case}-ddp"], folders[f"{case}-ddp"])
-    assert _largest_parameter_difference(_one_process_weights(runs, folders, case), weights) <= ONE_PROCESS_TOLERANCE
+    weights = assert_ranks_agree(runs[f"{case}-ddp"], folders[f"{case}-ddp"])
+    assert largest_parameter_difference(_one_process_weights(runs, folders, case), weights) <= ONE_PROCESS_TOLERANCE
 
 
 @pytest.mark.slow

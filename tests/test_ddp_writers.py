@@ -33,7 +33,7 @@ import pytest
 from accelmigrate.engine import migrate_source
 
 from conftest import run_cli
-from test_ddp import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, _assert_ranks_agree, _cpu_env, _largest_parameter_difference, _rank_weights
+from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights
 from accelmigrate.runtime.rank_zero import NullWriter
 
 # Writes what it is given, one events file per writer (the process id names it).
@@ -135,7 +135,7 @@ def launches(tmp_path_factory):
     (work / "tensorboardX.py").write_text(TENSORBOARD_STAND_IN)
     applied = run_cli("apply", str(migrated), "--to", "ddp", cwd=work)
     assert "NullWriter()" in migrated.read_text(), applied.stdout + applied.stderr
-    python, env = sys.executable, _cpu_env()
+    python, env = sys.executable, cpu_env()
     folders = {"original": work / "original", "ddp": work / "ddp"}
     for folder in folders.values():
         folder.mkdir()
@@ -155,9 +155,9 @@ def launches(tmp_path_factory):
 def test_two_ranks_end_with_the_one_process_weights_after_stopping_early(launches):
     done, folders = launches
     assert done["original"].returncode == 0, done["original"].describe()
-    weights = _assert_ranks_agree(done["ddp"], folders["ddp"])
-    (one_process,) = _rank_weights(folders["original"])
-    assert _largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
+    weights = assert_ranks_agree(done["ddp"], folders["ddp"])
+    (one_process,) = rank_weights(folders["original"])
+    assert largest_parameter_difference(one_process, weights) <= ONE_PROCESS_TOLERANCE
     epochs = (folders["original"] / "summary.csv").read_text()
     assert epochs.startswith("epochs,") and int(epochs.split(",")[1]) < 20, "the original stops early"
 
