@@ -298,7 +298,7 @@ def _run_one(
             if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
                 tree = RemoveImportsVisitor(context).transform_module(tree)
     except Exception as error:  # a bug in one codemod must not cost the others
-        detail = _describe(error)
+        detail = _describe(error, in_codemod=True)
         failure = Finding(1, 1, CODEMOD_FAILED, f"codemod {cls.word!r} failed and changed nothing: {detail}", False, cls.word)
         return wrapper.module, [failure], False
     return tree, codemod.findings, codemod.changes_anything()
@@ -1044,8 +1044,24 @@ def _in_cells(path: str, text: str, findings: list[Finding]) -> list[Finding]:
     return parse_notebook(text, path).in_cells(findings)
 
 
-def _describe(error: BaseException) -> str:
-    return one_line(traceback.format_exception_only(type(error), error)[-1].strip())
+# An error's text can be a whole syntax tree (a KeyError of a node): kept to what a report needs.
+DETAIL_LIMIT = 300
+
+
+def _describe(error: BaseException, in_codemod: bool = False) -> str:
+    """One line: the error, cut to DETAIL_LIMIT; for a codemod's failure, the
+    line of the codemods' code it was raised from (what a bug report needs)."""
+    text = one_line(traceback.format_exception_only(type(error), error)[-1].strip())
+    if len(text) > DETAIL_LIMIT:
+        text = text[:DETAIL_LIMIT] + "..."
+    codemods = sys.modules.get("accelmigrate.codemods")
+    if in_codemod and codemods is not None:
+        root = Path(codemods.__file__).resolve().parent
+        for frame in reversed(traceback.extract_tb(error.__traceback__)):
+            raised_in = Path(frame.filename).resolve()
+            if raised_in.is_relative_to(root):
+                return f"{text} (at codemods/{raised_in.relative_to(root).as_posix()}:{frame.lineno})"
+    return text
 
 
 def process_files(

@@ -249,6 +249,26 @@ FAILURES = {
 }
 
 
+def test_a_codemod_failure_keeps_to_one_short_line_that_names_where_accelmigrate_raised_it(monkeypatch):
+    """A KeyError of a syntax node would print the whole tree: the finding
+    keeps the first DETAIL_LIMIT characters; an error raised through
+    accelmigrate's own code names that line (the report a bug needs)."""
+    import libcst
+
+    from accelmigrate.codemods._syntax import code_of
+
+    node = libcst.parse_module("x = 1\n" * 50)
+    failures = {"tree": lambda self, module: {}[node], "own code": lambda self, module: code_of(5)}
+    found = {}
+    for name, failure in failures.items():
+        monkeypatch.setattr(all_codemods()["device"], "visit_Module", failure)
+        (found[name],) = migrate_source(SCRIPT_WITH_GPU, [("device", {})], "gpu.py").findings
+    tree = found["tree"].message.rsplit(" (at codemods/", 1)[0]
+    assert tree.startswith("codemod 'device' failed and changed nothing: KeyError: Module(") and tree.endswith("...")
+    assert len(tree.split(": ", 1)[1]) == engine.DETAIL_LIMIT + 3 and "\n" not in tree
+    assert found["own code"].message.endswith("(at codemods/_syntax.py:%d)" % (code_of.__code__.co_firstlineno + 2)), found["own code"].message
+
+
 @pytest.mark.parametrize("command, where", FAILURES.values(), ids=FAILURES.keys())
 def test_a_codemod_that_fails_is_an_error_exit_with_a_summary(project: Path, monkeypatch, command, where):
     (project / "gpu.py").write_text(SCRIPT_WITH_GPU)
