@@ -21,7 +21,7 @@ What "the same" means depends on the words:
 - amp in 16-bit precision (bf16 or fp16 autocast ran): a relative tolerance;
 - accumulate=N: the migrated script (N micro-batches per step) against the
   original with N times larger batches: the same big-batch steps;
-- ddp and accelerate: the migrated script on N processes (`--nproc-per-node`, torchrun over
+- ddp, accelerate and fabric: the migrated script on N processes (`--nproc-per-node`, torchrun over
   gloo or NCCL; each rank loads its share of the original batch) against the
   original: the mean of the ranks' losses (their sum where the migration
   adds the ranks' gradients up, for a loss summed over the batch), and every
@@ -98,8 +98,8 @@ def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
     if "batch-scale" in words:
         raise VerifyError("batch-scale changes the training on purpose (batch size and learning rate): nothing to compare")
     accumulate = int(words["accumulate"].get("value", "1")) if "accumulate" in words else 1
-    processes = processes if "ddp" in words or "accelerate" in words else 1
-    # ddp and accelerate keep the global batch (each rank loads its share of
+    processes = processes if words.keys() & {"ddp", "accelerate", "fabric"} else 1
+    # ddp, accelerate and fabric keep the global batch (each rank loads its share of
     # it), so only accumulation makes the migrated step bigger than the original's.
     summed = accumulate > 1 or processes > 1
     return Setup(batch_scale=accumulate, processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
@@ -322,7 +322,7 @@ def _how(result: dict) -> str:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--to", "words", default=None, help="Codemods to verify, as for apply (e.g. workers,item or ddp; default: [tool.accelmigrate]'s, else apply's).")
 @click.option("--steps", default=10, show_default=True, type=click.IntRange(min=1), help="Optimizer steps to compare.")
-@click.option("--nproc-per-node", "processes", default=2, show_default=True, type=click.IntRange(min=2), help="Processes for ddp and accelerate.")
+@click.option("--nproc-per-node", "processes", default=2, show_default=True, type=click.IntRange(min=2), help="Processes for ddp, accelerate and fabric.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance instead of the one the words call for.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")

@@ -65,6 +65,8 @@ WORD_SETS = {
     "every": (EVERY_WORD, False),  # accumulate=2 takes one step per two batches
     "device,amp": ("device,amp", True),  # amp computes in float32 on a CPU
     "ddp": ("ddp", True),  # one process draws the original's order
+    "accelerate": ("accelerate", True),  # a world of one computes as the original
+    "fabric": ("fabric", True),  # a world of one computes as the original
 }
 TOLERANCE = 1e-6
 RUN_TIMEOUT_S = 180

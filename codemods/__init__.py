@@ -40,6 +40,7 @@ ORDER = (
     "sync-bn",
     "fsdp",  # after ddp, so that choosing both is refused (AM767); before compile and fused-optim
     "accelerate",  # a library target in place of device, amp and ddp
+    "fabric",  # the other library target (Lightning Fabric): never with accelerate
     "accumulate",
     "batch-scale",
     # The speed words: channels-last converts the model before ddp wraps it

@@ -14,18 +14,36 @@ What it does
       ignores `Accelerator(split_batches=True)`: the setting must come through
       the DataLoaderConfiguration.) `cpu=not torch.cuda.is_available()`:
       without it, torchrun's processes on a machine without CUDA each train
-      alone;
+      alone; a `--no-cuda` (`--cuda`) store_true flag still keeps the run on
+      the CPU (`cpu=args.no_cuda or ...`, made once the arguments are parsed);
+    - training code in the module's functions that the entry point alone
+      calls (pytorch/examples' `train(args, model, device, train_loader,
+      optimizer, epoch)` and `test(...)` called from main(); AM801,
+      codemods/_accelerate/functions.py): each that needs it gets a parameter
+      `accelerator` and `accelerator=accelerator` at its calls, and its code
+      is migrated as the entry point's own; what is prepared is what the
+      entry point passes it, the same names at every call;
     - the trained models, their optimizers, the training DataLoaders and the
       entry point's schedulers passed through `accelerator.prepare(...)` once
-      they are all made; evaluation loaders stay whole (every process
-      evaluates the full set, so the numbers printed are one process's);
+      they are all made;
+    - an evaluation loop that reads whole (AM813; codemods/_accelerate/metrics.py):
+      `for x, y in test_loader` (or `enumerate(...)`) over an unshuffled
+      loader of the entry point, in the entry point or a flat script's
+      function, moving the batch to the device, then `out = model(x)` of the
+      prepared model in eval mode: the loader is prepared too and
+      `out, y = accelerator.gather_for_metrics((out, y))` follows the
+      forward, so each process evaluates its slice and the metrics read the
+      original's batches (the last one's padding dropped). Other evaluation
+      loaders stay whole (every process evaluates the full set, and the
+      numbers printed are one process's);
     - `device = torch.device(...)` -> `device = accelerator.device`, and
       `.cuda()` / `.to("cuda")` -> `.to(accelerator.device)`;
     - `loss.backward()` -> `accelerator.backward(loss)` (times
       `accelerator.num_processes` for a loss summed over the batch: DDP
       averages the processes' gradients); `clip_grad_norm_` /
       `clip_grad_value_` -> `accelerator.clip_grad_norm_` / `clip_grad_value_`;
-    - `nn.DataParallel(model)` -> `model`;
+    - `nn.DataParallel(model)` -> `model`; a line `model = nn.DataParallel(model)`
+      goes, with the `if torch.cuda.device_count() > 1:` it is alone under;
     - CUDA mixed precision (`torch.cuda.amp.autocast()`, `torch.autocast("cuda")`,
       `torch.amp.autocast("cuda", dtype=...)`, with or without a GradScaler)
       -> `Accelerator(mixed_precision="fp16" if torch.cuda.is_available()
@@ -36,6 +54,12 @@ What it does
       `scaler.unscale_(opt)` removed (`accelerator.clip_grad_norm_`
       unscales). Without CUDA the original's CUDA autocast was off, so "no"
       keeps its fp32 numbers there;
+    - NVIDIA apex's amp onto the same setting (AM812): `amp.initialize(...)`
+      at opt_level "O1" or "O2" removed (O2 is told that Accelerate's fp16 is
+      autocast over fp32 weights, O1's), "O0" -> no mixed precision;
+      `with amp.scale_loss(loss, opt) as scaled: scaled.backward()` ->
+      `accelerator.backward(loss)`; `amp.master_params(opt)` -> the
+      optimizer's own parameters; the apex import removed;
     - `print` -> `accelerator.print`; `torch.save(...)` and `open(..., "w")`
       blocks under `if accelerator.is_main_process:`, `torch.save` through
       `accelerator.save`; `model.state_dict()`, `model.load_state_dict(...)`,
@@ -101,16 +125,19 @@ Left alone (a finding says what to do by hand; nothing changes)
     autocast with `enabled=` or a dtype not written as torch.float16 /
     bfloat16, a GradScaler with settings or used beyond
     scale/step/update/unscale_ (saved in a checkpoint: Accelerate's own is
-    saved by `accelerator.save_state`), apex (AM821: remove it, migrate,
-    then pass `mixed_precision=`); training steps outside the function the `__main__`
-    block calls, models, optimizers or loaders made in or after the training
+    saved by `accelerator.save_state`), apex at O3, with an opt_level or
+    `enabled=` that is not a literal, under a condition (`if args.fp16:`),
+    imported under `try:`, saved in a checkpoint (`amp.state_dict()`) or
+    beyond amp (apex.parallel, apex.optimizers) (AM821); training steps in methods, in functions
+    called from elsewhere than the entry point or with other objects at
+    different calls, models, optimizers or loaders made in or after the training
     loop or under a dotted name (AM820); devices chosen elsewhere, `.cuda()`
     outside the entry point, GPU selection (AM827); backward with arguments
     or `torch.autograd.backward` (AM828); losses of unclear reduction (AM823);
     a model's own attributes outside the entry point or its methods in the
     training loop (AM824); writes and prints outside the entry point, or a
     file read back after the main process alone writes it (AM826); training
-    loaders with a batch of one or unseen arguments (AM829); names the
+    loaders with a batch of one or a `**kwargs` dict whose keys cannot be seen (AM829); names the
     migrated code needs already used (AM825); a loop that trains left on
     a value each process computes for itself (AM830); random draws in a loop that trains, alike
     on every process (a GAN's noise, AM831).
@@ -144,7 +171,8 @@ class AccelerateCodemod(Codemod):
         "AM809": "use of the model that needs the bare module (state_dict, its own attributes)",
         "AM810": "shuffled training DataLoader: the main process draws the order and sends each process its slice",
         "AM811": "last partial batch completed with the epoch's first samples on N processes",
-        "AM812": "mixed precision moved onto Accelerator(mixed_precision=...)",
+        "AM812": "mixed precision (torch autocast, GradScaler, apex amp) moved onto Accelerator(mixed_precision=...)",
+        "AM813": "evaluation DataLoader sharded; metrics from accelerator.gather_for_metrics",
         "AM820": "training loop, entry point or trained objects that cannot be prepared",
         "AM821": "mixed precision that accelerate does not migrate",
         "AM822": "script already distributed or on Accelerate",
@@ -202,6 +230,9 @@ class AccelerateCodemod(Codemod):
         run_open = False  # the last statement written is a main-process block that may take the next write
         for original, statement in zip(originals, updated):
             if original in plan.removed:
+                # What is planned around a removed line stays (`prepare` after apex's `amp.initialize`).
+                result.extend(plan.before.get(original, ()))
+                result.extend(plan.after.get(original, ()))
                 continue
             if original in plan.unwrapped:
                 # An autocast block: its body, one level up, under the block's comments.

@@ -87,6 +87,41 @@ Example
     and `scaler.unscale_()`, clipping, `scaler.step()` and `scaler.update()`
     move under `if end_of_group:` together.
 
+Through Accelerate or Lightning Fabric
+    A loop that trains through `accelerator.backward(loss)` (`accelerator`
+    made by `accelerate.Accelerator(...)`: the accelerate codemod's output, or
+    the user's own) gets Accelerate's own form instead:
+    `gradient_accumulation_steps=ACCUMULATION_STEPS` on the Accelerator, and
+    the step, from the forward to `zero_grad()`, under
+    `with accelerator.accumulate(model):` (each model the step trains). The
+    prepared optimizer and scheduler skip their steps and `zero_grad()` off
+    the group's last micro-batch by themselves, so they are not gated;
+    clipping is, under `if accelerator.sync_gradients:`. A `zero_grad()`
+    written before the forward moves after the step (left there, it would run
+    at the group's last micro-batch, before its backward, and clear the
+    group's gradients). `accelerator.backward` divides every loss by the
+    accumulation steps: a mean loss is left as it is, a summed one is
+    multiplied back by `accelerator.gradient_accumulation_steps` (so a step
+    is the big batch's sum). Accelerate ends a group every N micro-batches
+    and at the end of a prepared loader, so a mean loss is exact when the
+    loader's length is a multiple of N; otherwise the epoch's last, shorter
+    group of k micro-batches steps with k/N of their mean gradient (AM609).
+
+    A loop that trains through `fabric.backward(loss)` (a Lightning
+    `Fabric`) gets the plain form, with the loss divided inside the call
+    (`fabric.backward(loss / group_size)`) and, around the forward and
+    backward, `with fabric.no_backward_sync(model, enabled=not end_of_group):`
+    (Fabric's no_sync; a no-op on one device).
+
+    After `--to accelerate,accumulate=4` the loop above reads::
+
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = criterion(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
 Left alone
     Only loops whose shape is proven are rewritten; the others get a finding
     that says what to do by hand:
@@ -111,6 +146,17 @@ Left alone
     - AM605 (after a rewrite): a learning-rate scheduler stepped per batch
       now steps once per group: divide the step counts it was built with.
     - AM606: the no_sync part under DDP (fixed, or what to do by hand).
+    - AM608: the Accelerator already sets another
+      `gradient_accumulation_steps`, takes a `gradient_accumulation_plugin`
+      or `**kwargs`, or is made by several calls.
+    - AM609 (a note): a mean loss under `accelerator.backward` and an
+      epoch whose length may not be a multiple of N (see above).
+    - AM610: the loop's loader or optimizer is not passed to
+      `accelerator.prepare(...)`, a GradScaler is used with
+      `accelerator.backward`, or the model the step trains cannot be named.
+    - AM611: `X.backward(loss)` on something that is neither an Accelerator
+      nor a Fabric (a DeepSpeed engine, which accumulates itself): never
+      taken for `loss.backward()`.
     - AM607: something in the file decides whether the loss is a mean or a
       sum but cannot be read (`reduction=args.reduction`, a sum divided by a
       value the file does not show, which may be the batch size, a mean
@@ -140,10 +186,11 @@ from libcst.metadata import PositionProvider
 from ._accumulate.factor import constant_statement, fresh_name, insert_module_statement, is_integer, module_constant, parse_factor
 from ._options import STEPS_MEANING
 from ._accumulate.loops import LoopReader, LoopShape, UpdateCall
-from ._accumulate.syntax import Problem, is_method_call, mentions, wrap_block
+from ._accumulate.accelerate_form import SETUP_METHODS, AcceleratePlan, Trainer, accumulates_already, called_prepared, is_prepared_by, plan_loop, rewrite_body, steps_setting, summed_operand, trainer_of, with_steps_setting
+from ._accumulate.syntax import Problem, is_method_call, mentions, positional_args, wrap_block
 from ._base import Codemod, code_of, times_or_divided, walk
 from .script.accumulate_facts import Uses, anchors, ddp_models
-from .script.reduction import SUM, UNCLEAR, backward_reduction
+from .script.reduction import SUM, UNCLEAR, backward_reduction, loss_reduction
 
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
 RUNTIME_BATCH = "accelmigrate.runtime.batch"
@@ -151,6 +198,13 @@ UNCLEAR_MESSAGE = (
     "cannot tell whether this loss is a mean or a sum over the batch (a `reduction=` that is not a literal, a sum "
     "scaled by a value this file does not show, a mean added to a sum): accumulate by hand, dividing a mean by the "
     "number of micro-batches in the group before backward() and leaving a sum undivided"
+)
+
+UNCLEAR_UNDER_ACCELERATE = (
+    "cannot tell whether this loss is a mean or a sum over the batch (a `reduction=` that is not a literal, a sum "
+    "scaled by a value this file does not show, a mean added to a sum): accumulate by hand under "
+    "`with {accelerator}.accumulate(model):`, leaving a mean as it is ({accelerator}.backward divides it by the "
+    "accumulation steps) and multiplying a sum by `{accelerator}.gradient_accumulation_steps`"
 )
 
 
@@ -167,6 +221,7 @@ class LoopPlan:
     at_group_start: set[int]  # body positions of zero_grad() statements before backward()
     at_group_end: set[int]  # body positions of the statements gated to the group's end
     no_sync: Optional[tuple[int, int, str]] = None  # (first, last) body positions, model
+    no_sync_header: str = ""  # Fabric's `with fabric.no_backward_sync(...)`; else no_sync_unless
 
 
 class Accumulate(Codemod):
@@ -182,7 +237,12 @@ class Accumulate(Codemod):
         "AM605": "a per-batch learning-rate scheduler now steps once per group: rescale its step counts",
         "AM606": "DDP: micro-batches that do not end a group skip the gradient all-reduce (model.no_sync())",
         "AM607": "the loss's reduction over the batch (mean or sum) cannot be read: accumulate by hand",
+        "AM608": "the Accelerator's gradient accumulation is set otherwise (or cannot be read): set it by hand",
+        "AM609": "accelerator.backward divides the mean loss by N: exact when the loader's length is a multiple of N",
+        "AM610": "the Accelerate step cannot be put under accelerator.accumulate(): prepare what the message names, or accumulate by hand",
+        "AM611": "backward(loss) through an object that is neither an Accelerator nor a Fabric: accumulate by hand",
     }
+    notes = frozenset({"AM609"})
     triggers = ("backward", "step")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -190,6 +250,9 @@ class Accumulate(Codemod):
         self.steps = parse_factor(self.options, self.word, STEPS_MEANING)
         self._plans: dict[cst.For, LoopPlan] = {}
         self._backwards: dict[cst.Call, str] = {}  # backward call -> group size name
+        self._accelerate_plans: dict[cst.For, AcceleratePlan] = {}
+        self._accelerator_calls: set[cst.Call] = set()  # Accelerator(...) calls that get gradient_accumulation_steps
+        self._summed_backwards: dict[cst.Call, str] = {}  # accelerator.backward(sum) -> the accelerator's name
         self._define_constant = False
         self._name_taken = False  # STEPS_CONSTANT is used, but not as a module constant
         self._identifiers: set[str] = set()  # every name the file uses: new names avoid them
@@ -226,14 +289,20 @@ class Accumulate(Codemod):
         reader = LoopReader(script)
         for loop in in_loops:
             self._plan(loop, reader)
-        self._define_constant = bool(self._plans) and constant is None
+        self._define_constant = bool(self._plans or self._accelerate_plans) and constant is None
 
     def _plan(self, loop: Union[cst.For, cst.While], reader: LoopReader) -> None:
         if self._name_taken:
             self.report(loop, "AM602", f"the name {STEPS_CONSTANT} is already used in this file (not as a module constant): rename it, then migrate")
             return
-        if mentions(loop.body, STEPS_CONSTANT):
+        if mentions(loop.body, STEPS_CONSTANT) or accumulates_already(loop):
             return  # accumulates already (a previous run)
+        backwards = reader.backward_calls(loop)
+        trainer = trainer_of(self.script, backwards[0]) if len(backwards) == 1 else None
+        refused = self._trainer_problem(backwards[0], trainer) if trainer is not None else None
+        if refused is not None:
+            self.report(refused.node, refused.code, refused.message)
+            return
         shape = reader.read(loop)
         if isinstance(shape, Problem):
             self.report(shape.node, shape.code, shape.message)
@@ -242,7 +311,13 @@ class Accumulate(Codemod):
         if isinstance(plan, Problem):
             self.report(plan.node, plan.code, plan.message)
             return
-        reduction = backward_reduction(self.script, shape.backward)
+        if trainer is not None and trainer.kind == "accelerate":
+            self._plan_accelerate(shape, plan, trainer)
+            return
+        if trainer is not None:  # Fabric: the plain form, with Fabric's own no-sync
+            reduction = loss_reduction(self.script, summed_operand(positional_args(shape.backward)[0].value, trainer.name))
+        else:
+            reduction = backward_reduction(self.script, shape.backward)
         if reduction == UNCLEAR:
             self.report(shape.backward, "AM607", UNCLEAR_MESSAGE)
             return
@@ -251,7 +326,78 @@ class Accumulate(Codemod):
         self._plans[loop] = plan
         if reduction != SUM:  # a sum over each micro-batch adds up to the big batch's sum as it is
             self._backwards[shape.backward] = plan.group_size
-        self._add_no_sync(shape, plan)
+        if trainer is not None:
+            self._add_fabric_no_sync(shape, plan, trainer.name)
+        else:
+            self._add_no_sync(shape, plan)
+        for update in shape.updates:
+            if update.role == "scheduler_step":
+                self.report(update.call, "AM605", f"`{code_of(update.call)}` now runs once per {self.steps} micro-batches: divide the step counts the scheduler was built with (total_steps, steps_per_epoch, T_max, warm-up steps...) by {STEPS_CONSTANT}")
+
+    def _add_fabric_no_sync(self, shape: LoopShape, plan: LoopPlan, fabric: str) -> None:
+        """`with fabric.no_backward_sync(model, enabled=not end_of_group):` around
+        the forward and backward (a no-op on one device): one all-reduce per group."""
+        step = next((s for s in self.script.training_steps if s.backward is shape.backward), None)
+        named = [(m, _use_in(shape.loop, m)) for m in (step.model_names if step is not None else [])]
+        models = [m for m, use in named if use is not None and is_prepared_by(self.script, use, fabric, SETUP_METHODS)]
+        models = models or called_prepared(self.script, shape, fabric, SETUP_METHODS)
+        body = shape.loop.body.body  # type: ignore[union-attr]
+        used = [p for p in range(shape.backward_index + 1) if p not in plan.at_group_start and any(mentions(body[p], m) for m in models)]
+        if len(models) != 1 or not used:
+            self.report(shape.backward, "AM606", f"the model `{fabric}.setup(...)` returned cannot be told in this loop: run the forward and backward of micro-batches that do not end a group under `with {fabric}.no_backward_sync(model, enabled=not {plan.end_of_group}):` by hand (it saves an all-reduce each)")
+            return
+        (model,) = models
+        header = f"with {fabric}.no_backward_sync({model}, enabled=not {plan.end_of_group})"
+        if self.fix(body[used[0]], "AM606", f"the forward and backward of micro-batches that do not end a group run under `{fabric}.no_backward_sync({model})`: one gradient all-reduce per group"):
+            plan.no_sync = (used[0], shape.backward_index, model)
+            plan.no_sync_header = header
+
+    def _trainer_problem(self, backward: cst.Call, trainer: Trainer) -> Optional[Problem]:
+        """Why a `X.backward(loss)` loop cannot be accumulated (never as `loss.backward()`)."""
+        spelled = code_of(backward.func)
+        if trainer.kind == "fabric":
+            return None
+        if trainer.kind == "unknown":
+            return Problem(backward, "AM611", f"`{spelled}(...)` takes the loss as an argument, and `{trainer.name}` is neither an `accelerate.Accelerator` nor a Lightning `Fabric` that this file makes, so what it does with the loss is unknown: accumulate by hand (a DeepSpeed engine accumulates itself: set gradient_accumulation_steps in its config)")
+        if trainer.made_by is None:
+            return Problem(backward, "AM608", f"`{trainer.name}` is made by more than one Accelerator(...) call: set `gradient_accumulation_steps={STEPS_CONSTANT}` on the one that trains and wrap the step in `with {trainer.name}.accumulate(model):` by hand")
+        setting = steps_setting(trainer.made_by, self.steps, STEPS_CONSTANT)
+        return setting if isinstance(setting, Problem) else None
+
+    def _plan_accelerate(self, shape: LoopShape, loop_plan: LoopPlan, trainer: Trainer) -> None:
+        """Accelerate's own form: the step under `accelerator.accumulate(model)`,
+        `gradient_accumulation_steps` on the Accelerator, clipping gated."""
+        name = trainer.name
+        step = next((s for s in self.script.training_steps if s.backward is shape.backward), None)
+        models = (step.model_names if step is not None else []) or called_prepared(self.script, shape, name)
+        plan = plan_loop(self.script, shape, trainer, loop_plan.at_group_start, loop_plan.at_group_end, models)
+        if isinstance(plan, Problem):
+            self.report(plan.node, plan.code, plan.message)
+            return
+        (argument,) = positional_args(shape.backward)[:1]
+        reduction = loss_reduction(self.script, summed_operand(argument.value, name))
+        if reduction == UNCLEAR:
+            self.report(shape.backward, "AM607", UNCLEAR_UNDER_ACCELERATE.format(accelerator=name))
+            return
+        summed = reduction == SUM
+        loss = (
+            f"the loss sums over the batch: `{name}.backward` divides it by the accumulation steps, so it is multiplied back by `{name}.gradient_accumulation_steps`"
+            if summed else f"`{name}.backward` divides the loss by the accumulation steps"
+        )
+        message = (
+            f"accumulates gradients over {self.steps} micro-batches of `{code_of(shape.loader)}` under `{name}.accumulate({', '.join(plan.models)})` "
+            f"(`gradient_accumulation_steps={STEPS_CONSTANT}` on the Accelerator): {loss}; the prepared optimizer steps once per group and at the epoch's last batch"
+            + (", and clipping runs only then" if any(u.role == "clip" for u in shape.updates) else "")
+        )
+        if not self.fix(shape.loop, "AM600", message):
+            return
+        self._accelerate_plans[shape.loop] = plan
+        if steps_setting(trainer.made_by, self.steps, STEPS_CONSTANT) is True:
+            self._accelerator_calls.add(trainer.made_by)
+        if summed:
+            self._summed_backwards[shape.backward] = name
+        else:
+            self.report(shape.backward, "AM609", f"`{name}.backward` divides each loss by {self.steps}, and Accelerate ends a group at the epoch's last batch: exact when `len({code_of(shape.loader)})` is a multiple of {STEPS_CONSTANT} (drop_last=True, or a data set the batches divide); otherwise the epoch's last, shorter group of k micro-batches steps with k/{self.steps} of their mean gradient")
         for update in shape.updates:
             if update.role == "scheduler_step":
                 self.report(update.call, "AM605", f"`{code_of(update.call)}` now runs once per {self.steps} micro-batches: divide the step counts the scheduler was built with (total_steps, steps_per_epoch, T_max, warm-up steps...) by {STEPS_CONSTANT}")
@@ -387,9 +533,21 @@ class Accumulate(Codemod):
     # -- the rewrite -------------------------------------------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self._accelerator_calls:
+            return with_steps_setting(updated_node, STEPS_CONSTANT)
+        accelerator = self._summed_backwards.get(original_node)
+        if accelerator is not None:
+            loss, *rest = updated_node.args
+            steps = cst.parse_expression(f"{accelerator}.gradient_accumulation_steps")
+            times = times_or_divided(loss.value, cst.Multiply(), STEPS_CONSTANT).with_changes(right=steps)
+            return updated_node.with_changes(args=[loss.with_changes(value=times), *rest])
         size = self._backwards.get(original_node)
         if size is None:
             return updated_node
+        if positional_args(updated_node):  # `fabric.backward(loss)`: the loss is its argument
+            loss, *rest = updated_node.args
+            divided = times_or_divided(loss.value, cst.Divide(), size)
+            return updated_node.with_changes(args=[loss.with_changes(value=divided), *rest])
         scaled = updated_node.func.value  # type: ignore[union-attr]
         if is_method_call(scaled, "scale") and len(scaled.args) == 1 and scaled.args[0].keyword is None:
             argument = scaled.args[0]
@@ -399,6 +557,10 @@ class Accumulate(Codemod):
         return updated_node.with_changes(func=updated_node.func.with_changes(value=new_receiver))  # type: ignore[union-attr]
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        accelerate = self._accelerate_plans.get(original_node)
+        if accelerate is not None:
+            body = rewrite_body(accelerate, list(updated_node.body.body))  # type: ignore[union-attr]
+            return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
         plan = self._plans.get(original_node)
         if plan is None:
             return updated_node
@@ -444,7 +606,7 @@ class Accumulate(Codemod):
         inside = [statement for start, end, statement in pieces if first <= start and end <= last]
         before = [statement for start, _, statement in pieces if start < first]
         after = [statement for _, end, statement in pieces if end > last]
-        header = f"with no_sync_unless({plan.end_of_group}, {model})"
+        header = plan.no_sync_header or f"with no_sync_unless({plan.end_of_group}, {model})"
         return [*before, wrap_block(header, inside), *after]
 
     def _enumerated(self, loop: cst.For, index: str) -> cst.For:
@@ -465,6 +627,10 @@ class Accumulate(Codemod):
         constant = constant_statement(STEPS_CONSTANT, self.steps, "micro-batches per optimizer step (gradient accumulation)")
         return insert_module_statement(updated_node, constant)
 
+
+def _use_in(loop: cst.For, name: str) -> Optional[cst.BaseExpression]:
+    """A use of `name` (or `self.x`) in the loop, where its bindings are asked for."""
+    return next((n for n in walk(loop.body) if isinstance(n, (cst.Name, cst.Attribute)) and code_of(n) == name), None)
 
 
 __all__ = ["Accumulate"]

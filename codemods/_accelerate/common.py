@@ -26,10 +26,11 @@ ADDED_NAMES = {"Accelerator": "accelerate", "DataLoaderConfiguration": "accelera
 # draws another order than the original's sampler; dispatching leaves the
 # loader untouched on rank 0, which sends each process its slice of the
 # original's batch.
-def accelerator_statement(dispatch: bool, mixed_precision: str | None = None) -> str:
+# `cpu`: the script's own flag may keep it on the CPU (`args.no_cuda or ...`).
+def accelerator_statement(dispatch: bool, mixed_precision: str | None = None, cpu: str = "not torch.cuda.is_available()") -> str:
     config = "split_batches=True, dispatch_batches=True" if dispatch else "split_batches=True"
     precision = f"mixed_precision={mixed_precision}, " if mixed_precision else ""
-    return f"{ACCELERATOR} = Accelerator({precision}cpu=not torch.cuda.is_available(), dataloader_config=DataLoaderConfiguration({config}))"
+    return f"{ACCELERATOR} = Accelerator({precision}cpu={cpu}, dataloader_config=DataLoaderConfiguration({config}))"
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 Edit = Callable[[cst.CSTNode], cst.CSTNode]

@@ -18,10 +18,12 @@ from .._base import (
     has_star_args,
     is_docstring,
     keyword_arg,
+    walk,
 )
 from ..script import vocabulary as v
-from ..script.reduction import MEAN, SUM, backward_reduction
+from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
 from ..script.uses import uses_of
+from ..script.workers_facts import workers_facts
 from .common import (
     ACCELERATOR,
     ADDED_NAMES,
@@ -33,7 +35,8 @@ from .common import (
     statement,
     unwrapped,
 )
-from .exits import ExitReading
+from .functions import EntryFunctions, ExitsThroughParameters, cpu_flag, own_scope
+from .metrics import ShardedEvaluation
 from .precision import Precision
 
 # What DistributedDataParallel answers itself, as the bare module would.
@@ -46,6 +49,8 @@ WRAPPER_SAFE = frozenset(
 THROUGH_UNWRAP = frozenset({"state_dict", "load_state_dict"})
 CLIP_METHODS = {"clip_grad_norm_": "clip_grad_norm_", "clip_grad_norm": "clip_grad_norm_", "clip_grad_value_": "clip_grad_value_"}
 WRITE_MODES = ("w", "a", "x")
+# What a test deciding to wrap a model in DataParallel may ask without changing anything.
+GPU_QUESTIONS = frozenset({"torch.cuda.device_count", "torch.cuda.is_available", "builtins.len"})
 RANDOM_DRAWS = frozenset(f"torch.{f}" for f in ("randn", "rand", "randint", "randperm", "normal", "bernoulli", "multinomial", "randn_like", "rand_like", "randint_like"))
 
 
@@ -80,8 +85,10 @@ class Planner:
         self._plan_clipping()
         self._plan_model_attributes(prepared)
         self._plan_output()
-        ExitReading(self.codemod).refuse_per_process_exits()
+        ExitsThroughParameters(self.codemod).refuse_per_process_exits()
         self._refuse_alike_draws()
+        self._refuse_use_before_accelerator()
+        self.functions.pass_accelerator(self.plan)
         return self.plan
 
     # -- refusals -------------------------------------------------------------------------
@@ -109,45 +116,59 @@ class Planner:
     # -- where the accelerator lives ----------------------------------------------------
 
     def _entry_scope(self, steps):
-        scopes = {step.function for step in steps}
-        entry = self.script.entry
-        if len(scopes) == 1:
-            (scope,) = scopes
-            if scope.kind == "module":
-                return scope
-            function = scope.function
-            if (
-                function is not None
-                and self.codemod.parent(function) is self.module
-                and entry.main_guard is not None
-                and self._called_in(entry.main_guard, function.name.value)
-                and function.name.value not in entry.runs_at_import
-                and not any(step.steps_in_caller for step in steps)
-            ):
-                return scope
+        """The function the `__main__` block calls once (else the module): the training steps run in its own
+        code or in functions it alone calls, which receive the accelerator (functions.py)."""
+        scopes = {own_scope(step.function): None for step in steps}
+        reasons = []
+        if not any(step.steps_in_caller for step in steps):
+            for entry in [*self._guard_functions(), self.script.module_scope]:
+                self.functions = EntryFunctions(self, entry)
+                outside = [self.script.flow.function_of(s) for s in scopes if s is not entry]
+                # None: a step at module level, which no guard function's accelerator can reach.
+                why = next(("a training step runs at module level" if f is None else self.functions.why_not(f) for f in outside if f is None or self.functions.why_not(f)), "")
+                if not why:
+                    return entry
+                reasons.append(why)
         step = steps[0]
+        why = f" ({reasons[0]})" if reasons and reasons[0] else ""
         raise CannotMigrate(
             step.backward, "AM820",
-            f"the training step runs in `{step.function.name}`, not in the function the `__main__` block calls: "
-            f"accelerate changed nothing; move the training loop into that function (or make `accelerator` a "
-            f"parameter of `{step.function.name}` and its callers by hand), then run accelerate again",
+            f"the training step runs in `{step.function.name}`, not in the function the `__main__` block calls, nor in "
+            f"a function that the entry point alone calls{why}: accelerate changed nothing; move the training loop "
+            f"into that function (or make `accelerator` a parameter of `{step.function.name}` and its callers by hand), "
+            f"then run accelerate again",
         )
 
-    def _called_in(self, block: cst.CSTNode, name: str) -> bool:
-        return any(
-            isinstance(c.func, cst.Name) and c.func.value == name
-            for c in self.uses.calls if any(a is block for a in self.codemod.ancestors(c))
-        )
+    def _guard_functions(self) -> list:
+        """The scopes of the module's functions that the `__main__` block calls by name, once (not in a loop), and
+        that nothing runs at import."""
+        entry = self.script.entry
+        found = {}
+        for call in self.uses.calls if entry.main_guard is not None else ():
+            if not isinstance(call.func, cst.Name) or not any(a is entry.main_guard for a in self.codemod.ancestors(call)):
+                continue
+            callee = self.script.flow.callee(call, self.script.scope_of(call))
+            if callee is None or callee[1] or self.codemod.parent(callee[0].node) is not self.module:
+                continue
+            if callee[0].name not in entry.runs_at_import and not self.script.loops_around(call):
+                found[callee[0].scope] = None
+        return list(found)
 
     def _entry_body(self) -> list:
         node = self.entry.node
         return list(node.body if isinstance(node, cst.Module) else node.body.body)
 
     def in_entry(self, node: cst.CSTNode) -> bool:
-        scope = self.script.scope_of(node)
-        while scope.kind in ("lambda", "comprehension"):
-            scope = scope.parent
-        return scope is self.entry
+        """In the entry point's own code, or in a function it alone calls, which receives the accelerator."""
+        return self._in_entry_itself(node) or self.functions.function_of(node) is not None
+
+    def _in_entry_itself(self, node: cst.CSTNode) -> bool:
+        return own_scope(self.script.scope_of(node)) is self.entry
+
+    def entry_statement(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The entry point's own statement that runs `node`: the one holding it, or the first call of the function
+        (that receives the accelerator) holding it."""
+        return self.top_statement(node) or self.functions.first_call_statement(node, self.top_statement)
 
     def top_statement(self, node: cst.CSTNode) -> cst.CSTNode | None:
         """The statement of the entry point's own body that holds `node`."""
@@ -165,6 +186,8 @@ class Planner:
         if anchor is None:
             raise CannotMigrate(self.module, "AM820", "no code that runs in this file to make the `Accelerator` in: accelerate changed nothing")
         self.accelerator_anchor = anchor
+        self.moved_after = None  # the statement parsing a `--no-cuda` flag the Accelerator reads, when it follows
+        self.cpu = "not torch.cuda.is_available()"
         self.shuffled_loaders = []
         self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
         self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
@@ -172,7 +195,7 @@ class Planner:
     def _write_accelerator(self) -> None:
         """Written once the training loaders are read: a shuffled one is dispatched from rank 0."""
         dispatch = bool(self.shuffled_loaders)
-        self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode), self.config))
+        self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode, self.cpu), self.config))
         for call in self.shuffled_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): on N processes rank 0 alone iterates it, drawing the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
 
@@ -182,6 +205,8 @@ class Planner:
         for binding in self.script.devices:
             if binding.kind == "parameter":
                 continue  # receives what the entry point passes: `accelerator.device`
+            if binding.kind == "flag" and self.moved_after is None and self._read_cpu_flag(binding):
+                continue
             if binding.kind in ("torch.device", "string", "get_device") and binding.scope is self.entry:
                 target = self.codemod.parent(binding.node)
                 assign = self.codemod.parent(target) if isinstance(target, cst.AssignTarget) else target
@@ -189,11 +214,7 @@ class Planner:
                     self.plan.edit(assign, lambda updated: updated.with_changes(value=expression(f"{ACCELERATOR}.device")))
                     self.plan.fixes.append((assign, "AM803", f"`{binding.name} = {ACCELERATOR}.device`: the device accelerate gives this process"))
                     continue
-            raise CannotMigrate(
-                binding.node, "AM827",
-                f"device `{binding.name}` chosen outside the entry point's own assignments: accelerate changed nothing; "
-                f"make it `{binding.name} = {ACCELERATOR}.device` after the Accelerator is made (each process has its own), then run accelerate again",
-            )
+            raise CannotMigrate(binding.node, "AM827", self._device_refusal(binding))
         for call in self.uses.calls:
             if not isinstance(call.func, cst.Attribute):
                 continue
@@ -215,6 +236,53 @@ class Planner:
                 if any(isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call)}` in an expression: accelerate changed nothing; use `{ACCELERATOR}.device` there, then run accelerate again")
 
+    def _device_refusal(self, binding) -> str:
+        if binding.kind == "flag":
+            return (
+                f"device chosen by the `{binding.name}` flag: accelerate changed nothing; accelerate gives each process "
+                f"its device (`accelerate launch --cpu` keeps a run on the CPU): drop the flag and read `{ACCELERATOR}.device` "
+                f"where the script reads it, then run accelerate again"
+            )
+        if "[" in binding.name:
+            return (
+                f"device `{binding.name}` set in the script's settings before the Accelerator is made: accelerate changed "
+                f"nothing; read `{ACCELERATOR}.device` where the script reads `{binding.name}`, then run accelerate again"
+            )
+        return (
+            f"device `{binding.name}` chosen outside the entry point's own assignments: accelerate changed nothing; "
+            f"make it `{binding.name} = {ACCELERATOR}.device` after the Accelerator is made (each process has its own), then run accelerate again"
+        )
+
+    def _read_cpu_flag(self, binding) -> bool:
+        """`--no-cuda` kept: the Accelerator keeps the run on the CPU when it is given, made once the flag is parsed."""
+        flag = cpu_flag(self, binding.node)
+        if flag is None:
+            return False
+        if flag.parsed_at is not None and self.body.index(flag.parsed_at) >= self.body.index(self.accelerator_anchor):
+            following = self.body.index(flag.parsed_at) + 1
+            if following == len(self.body):
+                return False
+            anchor = self.body[following]
+            self.plan.fixes = [(anchor if node is self.accelerator_anchor and code == "AM801" else node, code, message) for node, code, message in self.plan.fixes]
+            self.accelerator_anchor, self.moved_after = anchor, flag.parsed_at
+        self.cpu = f"{flag.asks_for_cpu} or not torch.cuda.is_available()"
+        self.plan.fixes.append((binding.node, "AM803", f"`Accelerator(cpu={self.cpu})`: the flag still keeps the run on the CPU"))
+        return True
+
+    def _refuse_use_before_accelerator(self) -> None:
+        """Made after the arguments are parsed, the Accelerator must come before everything that uses it."""
+        if self.moved_after is None:
+            return
+        made_at = self.body.index(self.accelerator_anchor)
+        for node in [*self.plan.edits, *self.plan.guarded, *self.plan.before, *self.plan.after]:
+            top = self.entry_statement(node)
+            if top is not None and self.body.index(top) < made_at and node is not self.accelerator_anchor:
+                raise CannotMigrate(
+                    node, "AM827",
+                    "this line needs the Accelerator, which reads the `--no-cuda` flag and so is made once the arguments "
+                    "are parsed, after it: accelerate changed nothing; parse the arguments first, then run accelerate again",
+                )
+
     # -- DataParallel ---------------------------------------------------------------------
 
     def _plan_data_parallel(self) -> None:
@@ -222,8 +290,46 @@ class Planner:
             if not call.args or call.args[0].keyword is not None or has_star_args(call):
                 raise CannotMigrate(call, "AM806", "DataParallel whose module cannot be seen: remove it by hand, then run accelerate again")
             self.plan.edit(call, lambda updated: updated.args[0].value)
+            line = self._rewraps_itself(call)
+            if line is not None:
+                self._drop(line)  # `model = model` would be all that is left
             self.plan.fixes.append((call, "AM806", "DataParallel removed: `accelerator.prepare` wraps the model for the processes the launch starts"))
             self.codemod.remove_import_of(call.func)
+
+    def _rewraps_itself(self, call: cst.Call) -> cst.SimpleStatementLine | None:
+        """The line `model = nn.DataParallel(model, ...)`, alone on its line."""
+        assign = self.codemod.parent(call)
+        if not (isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1):
+            return None
+        if code_of(assign.targets[0].target) != code_of(call.args[0].value) or not dotted_name(assign.targets[0].target):
+            return None
+        line = self.codemod.parent(assign)
+        return line if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else None
+
+    def _drop(self, line: cst.SimpleStatementLine) -> None:
+        """Drop the line, or the `if` it is the only statement of when the test
+        only asks how many GPUs there are (`if torch.cuda.device_count() > 1:`);
+        an `if` with an `else`, or a block the line or the `if` is alone in,
+        keeps `model = model`."""
+        block = self.codemod.parent(line)
+        if any(other is not line and other not in self.plan.removed for other in block.body):
+            self.plan.removed.add(line)
+            return
+        branch = self.codemod.parent(block)
+        if not (isinstance(branch, cst.If) and branch.orelse is None and self._asks_only(branch.test)):
+            return
+        outer = self.codemod.parent(branch)
+        if isinstance(outer, (cst.IndentedBlock, cst.Module)) and any(other is not branch and other not in self.plan.removed for other in outer.body):
+            self.plan.removed.add(branch)
+
+    def _asks_only(self, test: cst.BaseExpression) -> bool:
+        """A test without side effects: names, attributes, constants, comparisons and the GPU count."""
+        for node in walk(test):
+            if isinstance(node, cst.Call) and not self.codemod.is_call_to(node, GPU_QUESTIONS):
+                return False
+            if isinstance(node, (cst.NamedExpr, cst.Await, cst.Yield)):
+                return False
+        return True
 
     # -- prepare ----------------------------------------------------------------------------
 
@@ -254,7 +360,9 @@ class Planner:
         for scheduler in self.script.schedulers:
             if scheduler.scope is self.entry:
                 names[scheduler.name] = None
-        first_training = min(self.body.index(self.top_statement(step.backward)) for step in steps)
+        first_training = min(self.body.index(self.entry_statement(step.backward)) for step in steps)
+        # Evaluation loaders that can be sharded, prepared with the rest (their gathers planned).
+        names.update(dict.fromkeys(ShardedEvaluation(self, model_names, first_training).plan()))
         last_binding = self.body.index(self.accelerator_anchor)
         for name in names:
             if "." in name:
@@ -277,22 +385,32 @@ class Planner:
         call = loader.value
         if not isinstance(call, cst.Call) or not self.script.is_dataloader(call):
             raise CannotMigrate(loader.at, "AM829", f"training DataLoader `{loader.name}` not made by a DataLoader(...) call here: accelerate changed nothing")
-        if has_star_args(call):
-            raise CannotMigrate(call, "AM829", "training DataLoader with arguments that cannot be seen (`**kwargs`): accelerate changed nothing")
-        size = keyword_arg(call, "batch_size")
-        positional = [a for a in call.args if a.keyword is None]
-        if size is None and len(positional) >= 2:
-            size = positional[1]
-        if keyword_arg(call, "batch_sampler") is None and (size is None or isinstance(size.value, cst.Integer) and int(size.value.value) == 1):
+        settings = self._loader_settings(call)
+        sizes = settings.get("batch_size", [])
+        if "batch_sampler" not in settings and (not sizes or any(isinstance(s, cst.Integer) and int(s.value) == 1 for s in sizes)):
             raise CannotMigrate(call, "AM829", "training DataLoader with a batch of one: the processes cannot split it; give it a batch size that the number of processes divides, then run accelerate again")
-        shuffle = keyword_arg(call, "shuffle")
-        shuffled = shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False")
+        shuffled = any(not (isinstance(s, cst.Name) and s.value == "False") for s in settings.get("shuffle", []))
         # A sampler of the script's own (RandomSampler) is reseeded by `prepare` just as `shuffle=True` is.
-        if shuffled or keyword_arg(call, "sampler") is not None:
+        if shuffled or "sampler" in settings:
             self.shuffled_loaders.append(call)
-        drop_last = keyword_arg(call, "drop_last")
-        if drop_last is None or not (isinstance(drop_last.value, cst.Name) and drop_last.value.value == "True"):
+        drop_last = settings.get("drop_last", [])
+        if not drop_last or not all(isinstance(d, cst.Name) and d.value == "True" for d in drop_last):
             self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True`, or a data set the batch size divides, keeps the original's steps"))
+
+    def _loader_settings(self, call: cst.Call) -> dict:
+        """keyword -> the values a DataLoader call may get for it: its own arguments, and every value its `**kwargs`
+        dict may hold (the examples' `DataLoader(dataset, **train_kwargs)`, updated with CUDA settings)."""
+        settings = {a.keyword.value: [a.value] for a in call.args if a.keyword is not None}
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if len(positional) >= 2:
+            settings.setdefault("batch_size", [positional[1].value])
+        if has_star_args(call):
+            seen = workers_facts(self.script).kwargs_dict(call, self.script.is_dataloader)
+            if isinstance(seen, str):
+                raise CannotMigrate(call, "AM829", f"training DataLoader with `**` arguments whose keys cannot be seen ({seen}): accelerate changed nothing")
+            for entry in seen.entries:
+                settings.setdefault(entry.key, []).append(entry.value)
+        return settings
 
     # -- backward and clipping -------------------------------------------------------------
 
@@ -301,10 +419,11 @@ class Planner:
             call = step.backward
             if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward") or call.args:
                 raise CannotMigrate(call, "AM828", f"`{code_of(call)}`: accelerate changed nothing; write it as `loss.backward()` (one backward per forward, without `retain_graph`), then run accelerate again")
-            reduction = backward_reduction(self.script, call)
+            loss = self._unscaled(call.func.value)
+            # apex's `scaled_loss.backward()`: the reduction of the loss its block scales.
+            reduction = backward_reduction(self.script, call) if loss is call.func.value else loss_reduction(self.script, loss)
             if reduction not in (MEAN, SUM, None):
                 raise CannotMigrate(call, "AM823", "a loss whose reduction over the batch cannot be read: accelerate changed nothing; DDP averages the processes' gradients, which is the original's gradient for a mean over the batch only")
-            loss = self._unscaled(call.func.value)
             times = f" * {ACCELERATOR}.num_processes" if reduction == SUM else ""
 
             def edit(updated, times=times):
@@ -318,12 +437,8 @@ class Planner:
             self.plan.fixes.append((call, "AM804", f"`{ACCELERATOR}.backward({code_of(loss)}{times})`{why}"))
 
     def _unscaled(self, operand: cst.BaseExpression) -> cst.BaseExpression:
-        """`loss` for `scaler.scale(loss)` of the GradScaler that Precision removes."""
-        scaler = self.precision.scaler
-        if scaler and isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) \
-                and dotted_name(operand.func.value) == scaler and operand.func.attr.value == "scale":
-            return operand.args[0].value
-        return operand
+        """`loss` for `scaler.scale(loss)` or apex's `scaled_loss`, the scaling Precision removes."""
+        return self.precision.unscaled(operand)
 
     def _plan_clipping(self) -> None:
         for call in self._calls(CLIP_GRAD_FUNCTIONS):
@@ -342,7 +457,7 @@ class Planner:
                 parent = self.codemod.parent(node)
                 if not (isinstance(parent, cst.Attribute) and parent.value is node and self.uses.is_read(node)):
                     continue
-                if self.in_entry(node):
+                if self._in_entry_itself(node):
                     if name not in prepared or self._before_prepare(node):
                         if parent.attr.value == "module" and self._had_data_parallel():
                             self.plan.edit(parent, lambda updated: updated.value)
@@ -403,7 +518,9 @@ class Planner:
                 if printed == 1:
                     self.plan.fixes.append((call, "AM807", f"`{ACCELERATOR}.print(...)`: printed once, by the main process"))
             elif self.script.scope_of(call).kind != "module":
-                raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
+                function = self.script.flow.function_of(self.script.scope_of(call))
+                why = f" ({self.functions.why_not(function)})" if function is not None and self.functions.why_not(function) else ""
+                raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process{why}: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
 
     def _refuse_alike_draws(self) -> None:
         """Every process is seeded alike: a draw in the training loop (a GAN's

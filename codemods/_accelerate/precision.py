@@ -10,17 +10,18 @@ the `scale`), `scaler.step(optimizer)` -> `optimizer.step()`,
 `scaler.update()` and `scaler.unscale_(optimizer)` removed
 (`accelerator.clip_grad_norm_` unscales). On a machine without CUDA the
 original's CUDA autocast was off, so the migrated script asks for "no" there.
-Everything else (CPU autocast, `enabled=`, a scaler saved or read, apex) is
-refused with AM821.
+NVIDIA apex's amp is moved onto the same setting (apex.py). Everything
+else (CPU autocast, `enabled=`, a scaler saved or read) is refused with AM821.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from .._base import code_of, keyword_arg
+from .._base import code_of, dotted_name, keyword_arg
 from ..script import vocabulary as v
 from ..script.entities import GRAD_SCALER
+from .apex import ApexAmp
 from .common import ACCELERATOR, CannotMigrate
 
 CUDA_ONLY = frozenset({"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"})
@@ -31,6 +32,13 @@ MANUAL_STEP = (
     "`scaler.step(opt)` -> `opt.step()`, no `scaler.update()`), run accelerate again, then pass "
     "`mixed_precision=\"fp16\"` (or \"bf16\") to `Accelerator(...)`"
 )
+
+
+def mixed_precision(dtype: str) -> str:
+    """The Accelerator's `mixed_precision=` for CUDA mixed precision of `dtype`:
+    without CUDA the original's CUDA autocast was off, and "no" keeps its fp32
+    numbers there."""
+    return f'"{dtype}" if torch.cuda.is_available() else "no"'
 
 
 def refuse(node: cst.CSTNode, why: str) -> CannotMigrate:
@@ -47,20 +55,29 @@ class Precision:
         self.plan = planner.plan
         self.mode: str | None = None
         self.scaler: str | None = None
+        self.apex = ApexAmp(self)
 
     def _names(self, call: cst.Call) -> frozenset:
         return self.codemod.qualified_names(call.func)
 
     def plan_mixed_precision(self) -> None:
-        autocasts, scalers = [], []
+        autocasts, scalers, apex = [], [], []
         for call in self.planner.uses.calls:
             names = self._names(call)
             if any(n in v.AUTOCAST for n in names):
                 autocasts.append(call)
             elif any(n in GRAD_SCALER for n in names):
                 scalers.append(call)
-            elif any(n.startswith((*v.AMP_PREFIXES, "apex.")) for n in names):
+            elif self.apex.is_apex(call):
+                apex.append(call)
+            elif any(n.startswith(v.AMP_PREFIXES) for n in names):
                 raise refuse(call, f"`{code_of(call.func)}`, which Accelerate's mixed precision does not replace")
+        if apex:
+            if autocasts or scalers:
+                raise refuse(apex[0], "apex's amp together with torch's autocast or GradScaler")
+            dtype = self.apex.plan_apex(apex)
+            self.mode = mixed_precision(dtype) if dtype else None
+            return
         if not autocasts and not scalers:
             return
         if not autocasts:
@@ -75,8 +92,16 @@ class Precision:
         for call in autocasts:
             self._plan_autocast(call)
         (dtype,) = dtypes
-        # The original's CUDA autocast was off without CUDA: "no" keeps its fp32 numbers there.
-        self.mode = f'"{dtype}" if torch.cuda.is_available() else "no"'
+        self.mode = mixed_precision(dtype)
+
+    def unscaled(self, operand: cst.BaseExpression) -> cst.BaseExpression:
+        """`loss` for `scaler.scale(loss)` of the GradScaler this plan removes, and
+        for `scaled_loss` of an apex `scale_loss` block."""
+        if self.scaler and isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) \
+                and dotted_name(operand.func.value) == self.scaler and operand.func.attr.value == "scale":
+            return operand.args[0].value
+        loss = self.apex.unscaled(operand)
+        return operand if loss is None else loss
 
     def _autocast_dtype(self, call: cst.Call) -> str:
         positional = [a for a in call.args if a.keyword is None]

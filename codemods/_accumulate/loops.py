@@ -18,6 +18,8 @@ from .syntax import Problem, is_method_call, positional_args, receiver, target_k
 ENUMERATE = frozenset({"builtins.enumerate"})
 PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"})
 AUTOGRAD_BACKWARD = frozenset({"torch.autograd.backward"})
+# Gradient clipping through an Accelerator or a Fabric (torch's own functions: CLIP_GRAD_FUNCTIONS).
+TRAINER_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_value_", "clip_gradients"})
 LOOPS = (cst.For, cst.While)
 DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
@@ -63,7 +65,7 @@ class LoopReader:
         exits = self._early_exits(loop)
         if exits is not None:
             return exits
-        backwards = [c for c in self._own_calls(loop) if is_method_call(c, "backward")]
+        backwards = self.backward_calls(loop)
         if len(backwards) > 1:
             return Problem(loop, "AM603", f"{len(backwards)} backward passes in one loop (a GAN or multi-loss loop?): accumulate each model's gradients by hand")
         if backwards and self.script.is_qualified(backwards[0].func, AUTOGRAD_BACKWARD):
@@ -102,6 +104,10 @@ class LoopReader:
         if has_no_length(self.script, iterable):
             return Problem(loop, "AM601", f"`{code_of(iterable)}` has no length (IterableDataset or generator): the epoch's last batch cannot be known; accumulate by hand")
         return iterable, index
+
+    def backward_calls(self, loop: Union[cst.For, cst.While]) -> list[cst.Call]:
+        """The `.backward(...)` calls the loop runs itself."""
+        return [c for c in self._own_calls(loop) if is_method_call(c, "backward")]
 
     def _early_exits(self, loop: cst.For) -> Optional[Problem]:
         """A break, continue or return would end a group before its step."""
@@ -154,6 +160,8 @@ class LoopReader:
         if not isinstance(call.func, cst.Attribute):
             return None
         method, owner = call.func.attr.value, target_key(receiver(call))
+        if method in TRAINER_CLIPS and owner is not None and call.args:
+            return UpdateCall(call, "clip")  # `accelerator.clip_grad_norm_(...)`, `fabric.clip_gradients(...)`
         kind = self._kind(receiver(call))
         is_scaler = kind == "scaler" or owner in scalers
         if method == "zero_grad":

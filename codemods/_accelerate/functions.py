@@ -1,0 +1,260 @@
+"""Training code in the functions the entry point calls, and the flag that
+keeps a script on the CPU.
+
+pytorch/examples' shape: `def train(args, model, device, train_loader,
+optimizer, epoch)` called once per epoch from `main()`, which makes the
+model, the optimizer and the loaders. Migrating it by hand, one passes the
+Accelerator in; so does the codemod, for a function the entry point alone
+calls (`EntryFunctions`):
+
+- a function of the module (not a method, not nested in another), every
+  call of it in the entry point's own code, by its name, with arguments that
+  can be seen (no `*args` / `**kwargs`), its name used for nothing else (not
+  passed on as a callback);
+- one that trains gets the same plain name of the entry point at every call
+  for each parameter that holds something to prepare (model, optimizer,
+  loader, scheduler): what `accelerator.prepare` rebinds is the entry point's.
+
+Its code is then planned as the entry point's own (backward, clipping,
+prints, saves, `.cuda()`, the model's attributes), and one whose planned code
+calls the accelerator gets a parameter `accelerator` (last, before `**kwargs`;
+keyword-only after `*` or after parameters with defaults) and
+`accelerator=accelerator` at every call. In a flat script the accelerator is
+a module global already: nothing is passed.
+
+A loop exit in such a function decided on a parameter that every call passes
+the same on every process (`if args.dry_run: break`, `args` parsed by the
+entry point) stays as it is (`ExitsThroughParameters`).
+
+`--no-cuda` / `--cuda` (`action="store_true"`) let the user keep the script
+on the CPU; the Accelerator then reads the flag (`cpu_flag`):
+`Accelerator(cpu=args.no_cuda or not torch.cuda.is_available())`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from .._base import code_of, keyword_arg
+from .._ddp.decisions import RankDecisions
+from ..script.uses import FOLLOW_DEPTH
+from .common import ACCELERATOR
+from .exits import ExitReading
+
+PREPARED_KINDS = frozenset({"model", "optimizer", "loader", "scheduler"})
+
+
+def own_scope(scope):
+    """The function or module whose code `scope` is (through lambdas and comprehensions)."""
+    while scope.kind in ("lambda", "comprehension"):
+        scope = scope.parent
+    return scope
+
+
+class EntryFunctions:
+    """The module's functions that the entry point `entry` alone calls, and what passing the accelerator into them takes."""
+
+    def __init__(self, planner, entry) -> None:
+        self.planner = planner
+        self.script = planner.script
+        self.entry = entry
+        self._reasons: dict = {}  # Function -> why it cannot receive the accelerator ("" when it can)
+
+    # -- which functions --------------------------------------------------------------------
+
+    def why_not(self, function) -> str:
+        """"" for a function that can receive the accelerator, else why not."""
+        if function not in self._reasons:
+            self._reasons[function] = self._why_not(function)
+        return self._reasons[function]
+
+    def _why_not(self, function) -> str:
+        name = function.name
+        if function.owner is not None:
+            return f"`{name}` is a method: pass `{ACCELERATOR}` to its class by hand"
+        if self.script.parent(function.node) is not self.script.module:
+            return f"`{name}` is nested in another function"
+        if not function.callers:
+            return f"`{name}` is not called in this file"
+        where = "the module's code" if self.entry.kind == "module" else f"`{self.entry.name}`"
+        for site in function.callers:
+            caller = own_scope(site.caller)
+            if caller is not self.entry:
+                elsewhere = "module level" if caller.kind == "module" else f"`{caller.name}`"
+                return f"`{name}` is also called from {elsewhere} (line {site.line}), not only from {where}"
+            if not isinstance(site.call.func, cst.Name) or not site.complete:
+                return f"`{name}` is called with arguments that cannot be seen (line {site.line})"
+        calls = {site.call.func for site in function.callers}
+        definition = next((b for b in self.script.module_scope.bindings.get(name, ()) if b.node is function.node), None)
+        for node in self.planner.uses.names.get(name, ()):
+            if node is function.node.name or node in calls or not self.planner.uses.is_read(node):
+                continue
+            if definition in self.script.bindings_of(name, node):
+                return f"`{name}` is passed on as a value (line {self.script.line(node)})"
+        if self.trains(function):
+            return self._different_objects(function)
+        return ""
+
+    def trains(self, function) -> bool:
+        return any(own_scope(step.function) is function.scope for step in self.script.training_steps)
+
+    def _different_objects(self, function) -> str:
+        """Why a training function's prepared objects are not the entry point's, one name each."""
+        for parameter in function.parameters:
+            passed = [site.arguments.get(parameter) for site in function.callers]
+            if not any(a is not None and self.script.kind_of(a) in PREPARED_KINDS for a in passed):
+                continue
+            names = {a.value if isinstance(a, cst.Name) else None for a in passed}
+            if len(names) != 1 or None in names:
+                shown = " and ".join(dict.fromkeys(f"`{code_of(a)}`" if a is not None else "its default" for a in passed))
+                return (
+                    f"`{function.name}` gets {shown} for its parameter `{parameter}`: the objects to prepare must be "
+                    f"the same names of {self._where()} at every call"
+                )
+        return ""
+
+    def _where(self) -> str:
+        return "the module" if self.entry.kind == "module" else f"`{self.entry.name}`"
+
+    def function_of(self, node: cst.CSTNode):
+        """The function that receives the accelerator and whose own code holds `node`; None elsewhere."""
+        function = self.script.flow.function_of(self.script.scope_of(node))
+        if function is None or function.scope is self.entry or self.why_not(function):
+            return None
+        return function
+
+    def first_call_statement(self, node: cst.CSTNode, top_statement) -> cst.CSTNode | None:
+        """The entry point's own statement that first calls the function holding `node`."""
+        function = self.function_of(node)
+        if function is None:
+            return None
+        tops = [top_statement(site.call) for site in function.callers]
+        body = self.planner.body
+        return min((t for t in tops if t is not None), key=body.index, default=None)
+
+    # -- passing the accelerator -------------------------------------------------------------
+
+    def pass_accelerator(self, plan) -> None:
+        """A parameter `accelerator` for each function whose planned code uses it, and the argument at its calls."""
+        if self.entry.kind == "module":
+            return  # the accelerator is a global of the module
+        touched = [*plan.edits, *plan.guarded, *plan.before, *plan.after, *plan.removed, *plan.unwrapped]
+        receiving = {}
+        for node in touched:
+            function = self.function_of(node)
+            if function is not None:
+                receiving[function] = None
+        order = self.script.index.order
+        for function in sorted(receiving, key=lambda f: order[f.node]):
+            plan.edit(function.node.params, _with_accelerator_parameter)
+            for site in function.callers:
+                plan.edit(site.call, _with_accelerator_argument)
+            plan.fixes.append((
+                function.node, "AM801",
+                (f"`{ACCELERATOR}` passed to `{function.name}` (a parameter, and `{ACCELERATOR}={ACCELERATOR}` at its calls): "
+                 f"what it trains, prints or saves goes through the entry point's Accelerator"),
+            ))
+
+
+def _appended(elements: list, new):
+    """`elements` + `new`, keeping a trailing comma (and the line breaks of a signature written one item a line)."""
+    if not elements or not isinstance(elements[-1].comma, cst.Comma):
+        return [*elements, new]
+    last = elements[-1]
+    between = elements[-2].comma if len(elements) > 1 and isinstance(elements[-2].comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [*elements[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
+
+
+def _with_accelerator_parameter(updated: cst.Parameters) -> cst.Parameters:
+    parameter = cst.Param(name=cst.Name(ACCELERATOR))
+    if isinstance(updated.star_arg, (cst.Param, cst.ParamStar)):
+        return updated.with_changes(kwonly_params=_appended(list(updated.kwonly_params), parameter))
+    if any(p.default is not None for p in (*updated.posonly_params, *updated.params)):
+        # After parameters with defaults a parameter without one must be keyword-only: `*, accelerator`.
+        params = list(updated.params)
+        star = cst.ParamStar()
+        if params and isinstance(params[-1].comma, cst.Comma):
+            *params, star_at = _appended(params, star)
+            star, parameter = star_at.with_changes(comma=params[-1].comma), parameter.with_changes(comma=star_at.comma)
+        return updated.with_changes(params=params, star_arg=star, kwonly_params=[parameter])
+    return updated.with_changes(params=_appended(list(updated.params), parameter))
+
+
+def _with_accelerator_argument(updated: cst.Call) -> cst.Call:
+    no_space = cst.SimpleWhitespace("")
+    argument = cst.Arg(value=cst.Name(ACCELERATOR), keyword=cst.Name(ACCELERATOR), equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space))
+    return updated.with_changes(args=_appended(list(updated.args), argument))
+
+
+class ExitsThroughParameters(ExitReading):
+    """Exit conditions read as ddp reads them, and a parameter the same on every process when every call passes
+    such a value: `if args.dry_run: break` in `train(args, ...)`, whose `args` the entry point parsed."""
+
+    def _uniform_binding(self, binding, depth: int = 0) -> bool:
+        if binding.kind != "param":
+            return RankDecisions._uniform_binding(self, binding)
+        function = self.script.flow.functions.get(binding.scope.node)
+        if function is None or not function.callers or depth > FOLLOW_DEPTH:
+            return False
+        for site in function.callers:
+            passed = site.arguments.get(binding.name)
+            if not isinstance(passed, cst.Name) or not site.complete:
+                return False
+            if not all(self._uniform_binding(b, depth + 1) for b in self.script.bindings_of(passed.value, passed)):
+                return False
+        return True
+
+
+# -- the flag that keeps the script on the CPU -----------------------------------------------
+
+CPU_FLAGS = {"--no-cuda": "{}", "--no_cuda": "{}", "--cuda": "not {}"}  # the flag -> "the CPU is asked for" of its value
+
+
+@dataclasses.dataclass
+class CpuFlag:
+    """`--no-cuda` read from `args = parser.parse_args()`."""
+
+    asks_for_cpu: str  # "args.no_cuda", "not args.cuda"
+    parsed_at: cst.CSTNode | None  # the entry point's own statement that parses the arguments; None: parsed before it runs
+
+
+def cpu_flag(planner, flag: cst.Call) -> CpuFlag | None:
+    """How the Accelerator reads a `--no-cuda` / `--cuda` store_true flag, when it can: the arguments parsed into a
+    plain name in the entry point's own body or at module level before it runs."""
+    spelled = next((a.value.evaluated_value for a in flag.args if a.keyword is None and isinstance(a.value, cst.SimpleString)), None)
+    action = keyword_arg(flag, "action")
+    if spelled not in CPU_FLAGS or action is None or not isinstance(action.value, cst.SimpleString) or action.value.evaluated_value != "store_true":
+        return None
+    dest = keyword_arg(flag, "dest")
+    if dest is not None:
+        if not isinstance(dest.value, cst.SimpleString):
+            return None
+        attribute = dest.value.evaluated_value
+    else:
+        attribute = spelled.lstrip("-").replace("-", "_")
+    script = planner.script
+    for call in planner.uses.calls:
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "parse_args"):
+            continue
+        assign = script.parent(call)
+        line = script.parent(assign) if isinstance(assign, cst.Assign) else None
+        if not (isinstance(line, cst.SimpleStatementLine) and len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name)):
+            continue
+        name = assign.targets[0].target.value
+        scope = own_scope(script.scope_of(call))
+        if len(scope.bindings.get(name, ())) != 1:
+            continue
+        asks = CPU_FLAGS[spelled].format(f"{name}.{attribute}")
+        if scope is planner.entry and line in planner.body:
+            return CpuFlag(asks, line)
+        guard = script.entry.main_guard
+        body = list(script.module.body)
+        before_main = guard is not None and body.index(line) < body.index(guard)
+        if scope.kind == "module" and planner.entry.kind == "function" and script.parent(line) is script.module and before_main:
+            return CpuFlag(asks, None)
+    return None
+
+
+__all__ = ["CpuFlag", "EntryFunctions", "ExitsThroughParameters", "cpu_flag", "own_scope"]

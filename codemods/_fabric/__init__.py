@@ -1,0 +1,1 @@
+"""The fabric codemod's parts (codemods/fabric.py)."""
