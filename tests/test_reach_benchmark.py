@@ -1,6 +1,6 @@
 """benchmarks/reach.py: the scripts with no manual step per set of words, and
-`--ddp-parity`, which tells a `ddp` copy that trains as the original on 2 gloo
-processes from one that does not."""
+`--parity`, which tells a copy of a multi-process word (ddp, accelerate,
+fabric) that trains as the original on 2 gloo processes from one that does not."""
 
 import collections
 import importlib.util
@@ -50,7 +50,7 @@ def test_a_run_by_findings_ends_with_the_count_per_set_of_words(capsys):
 
 def test_parity_needs_runs():
     with pytest.raises(SystemExit):
-        reach.main(["--no-run", "--ddp-parity", str(FLAT)])
+        reach.main(["--no-run", "--parity", str(FLAT)])
 
 
 def test_weights_of_other_shapes_are_not_compared():
@@ -64,8 +64,29 @@ def test_weights_of_other_shapes_are_not_compared():
 def test_the_ddp_copy_on_two_processes_ends_with_the_one_process_weights(tmp_path):
     copy, _, wrong = reach.migrate(FLAT, "ddp", tmp_path)
     assert not wrong and "DistributedDataParallel" in copy.read_text()
-    parity = reach.ddp_parity(FLAT, copy, tmp_path / "parity")
+    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity")
     assert parity.verdict == "same", parity.why
+
+
+@pytest.mark.slow
+def test_the_accelerate_copy_on_two_processes_ends_with_the_one_process_weights(tmp_path):
+    """FLAT shuffles: rank 0 draws the original's order and dispatches it (AM810)."""
+    copy, _, wrong = reach.migrate(FLAT, "accelerate", tmp_path)
+    assert not wrong and "accelerator.prepare(" in copy.read_text()
+    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity", reach.MULTI_PROCESS["accelerate"])
+    assert parity.verdict == "same", parity.why
+
+
+@pytest.mark.slow
+def test_the_fabric_copy_of_a_shuffled_script_differs_as_its_note_says(tmp_path):
+    """Fabric's DistributedSampler draws another order on 2 processes (AM910)."""
+    copy, unfixed, wrong = reach.migrate(FLAT, "fabric", tmp_path)
+    assert not wrong and "fabric.setup(" in copy.read_text()
+    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity", reach.MULTI_PROCESS["fabric"])
+    assert parity.verdict == "differ", parity.why
+    found = reach.announced(parity, frozenset(f.code for f in unfixed))
+    assert found.verdict == "expected" and found.why.endswith("as note AM910 says")
+    assert reach.announced(parity, frozenset({"AM811"})).verdict == "differ"  # a note that may not apply
 
 
 @pytest.mark.slow
@@ -74,7 +95,7 @@ def test_a_copy_that_trains_otherwise_differs(tmp_path):
     source = copy.read_text()
     assert "lr=0.05" in source
     copy.write_text(source.replace("lr=0.05", "lr=0.2"))
-    parity = reach.ddp_parity(FLAT, copy, tmp_path / "parity")
+    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity")
     assert parity.verdict == "differ", parity.why
     assert "from the one-process weights" in parity.why
 
