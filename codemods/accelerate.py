@@ -15,7 +15,9 @@ What it does
       the DataLoaderConfiguration.) `cpu=not torch.cuda.is_available()`:
       without it, torchrun's processes on a machine without CUDA each train
       alone; a `--no-cuda` (`--cuda`) store_true flag still keeps the run on
-      the CPU (`cpu=args.no_cuda or ...`, made once the arguments are parsed);
+      the CPU (`cpu=args.no_cuda or ...`, made once the arguments are parsed),
+      and so does `--device cpu` (`cpu=args.device == "cpu" or ...`) when the
+      flag is read only as `device = args.device`;
     - training code in the module's functions that the entry point alone
       calls (pytorch/examples' `train(args, model, device, train_loader,
       optimizer, epoch)` and `test(...)` called from main(); AM801,
@@ -36,8 +38,11 @@ What it does
       original's batches (the last one's padding dropped). Other evaluation
       loaders stay whole (every process evaluates the full set, and the
       numbers printed are one process's);
-    - `device = torch.device(...)` -> `device = accelerator.device`, and
-      `.cuda()` / `.to("cuda")` -> `.to(accelerator.device)`;
+    - `device = torch.device(...)` -> `device = accelerator.device` (a string
+      device's `device == "cuda"` -> `device.type == "cuda"`), and
+      `.cuda()` / `.to("cuda")` -> `.to(accelerator.device)`; a `--gpu N`
+      read only by `torch.cuda.set_device(args.gpu)` (dropped) and
+      `.cuda(args.gpu)` (-> `.to(accelerator.device)`) stays, unread;
     - `loss.backward()` -> `accelerator.backward(loss)` (times
       `accelerator.num_processes` for a loss summed over the batch: DDP
       averages the processes' gradients); `clip_grad_norm_` /
@@ -65,7 +70,20 @@ What it does
       `accelerator.save`; `model.state_dict()`, `model.load_state_dict(...)`,
       `model.module` and the model's own attributes outside the training loop
       through `accelerator.unwrap_model(model)`, so checkpoint keys carry no
-      `module.`.
+      `module.`;
+    - a random draw sized by the step's batch in a loop that trains (a GAN's
+      noise: `torch.randn(b_size, nz, ...)` with `b_size = real.size(0)`,
+      `x.shape[0]` or `len(x)`) (AM815; codemods/_accelerate/draws.py):
+      every process is seeded alike, so each draws the original's noise for
+      the global batch, `torch.randn(b_size * accelerator.num_processes, nz,
+      ...)`, and keeps the rows of its own samples,
+      `.split(b_size)[accelerator.process_index]` (`split_batches` gives
+      process i those rows of every batch); in a world of one, the
+      original's draw; exact where every global batch splits evenly (AM811).
+      A trained model with dropout, or such noise with a shuffled loader
+      (the main process alone draws its order from the global RNG), is
+      noted (AM816): a seeded run trains as well, not to the same numbers;
+      so is BatchNorm, whose statistics each process computes on its slice (AM817).
 
     Data order: a seeded script computes the original's numbers on N
     processes, shuffled or not. An unshuffled loader is read by every
@@ -132,15 +150,17 @@ Left alone (a finding says what to do by hand; nothing changes)
     called from elsewhere than the entry point or with other objects at
     different calls, models, optimizers or loaders made in or after the training
     loop or under a dotted name (AM820); devices chosen elsewhere, `.cuda()`
-    outside the entry point, GPU selection (AM827); backward with arguments
+    outside the entry point, GPU selection, a `--device` / `--gpu` flag read
+    past those lines (AM827); backward with arguments
     or `torch.autograd.backward` (AM828); losses of unclear reduction (AM823);
     a model's own attributes outside the entry point or its methods in the
     training loop (AM824); writes and prints outside the entry point, or a
     file read back after the main process alone writes it (AM826); training
     loaders with a batch of one or a `**kwargs` dict whose keys cannot be seen (AM829); names the
     migrated code needs already used (AM825); a loop that trains left on
-    a value each process computes for itself (AM830); random draws in a loop that trains, alike
-    on every process (a GAN's noise, AM831).
+    a value each process computes for itself (AM830); other random draws in a loop that
+    trains (one of a fixed size, `torch.randint`, `torch.randn_like`, a size
+    read elsewhere), alike on every process (AM831).
 """
 
 from __future__ import annotations
@@ -173,6 +193,10 @@ class AccelerateCodemod(Codemod):
         "AM811": "last partial batch completed with the epoch's first samples on N processes",
         "AM812": "mixed precision (torch autocast, GradScaler, apex amp) moved onto Accelerator(mixed_precision=...)",
         "AM813": "evaluation DataLoader sharded; metrics from accelerator.gather_for_metrics",
+        # AM814 is left free: the fabric codemod's AM914 (an odd batch size) is its own.
+        "AM815": "random draw sized by the batch in a loop that trains, alike on every process (a GAN's noise)",
+        "AM816": "random numbers that on N processes are not the original's (dropout masks, noise behind a shuffled loader)",
+        "AM817": "BatchNorm statistics computed on each process's slice of the batch",
         "AM820": "training loop, entry point or trained objects that cannot be prepared",
         "AM821": "mixed precision that accelerate does not migrate",
         "AM822": "script already distributed or on Accelerate",
@@ -186,7 +210,7 @@ class AccelerateCodemod(Codemod):
         "AM830": "loop exit decided on each process's own value",
         "AM831": "random draw in a loop that trains, alike on every process (a GAN's noise)",
     }
-    notes = frozenset({"AM811", "AM822"})
+    notes = frozenset({"AM811", "AM816", "AM817", "AM822"})
     triggers = ("backward",)
 
     def __init__(self, *args, **kwargs) -> None:

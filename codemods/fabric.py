@@ -46,6 +46,15 @@ What it does
       `scaler.scale(loss).backward()` -> `fabric.backward(loss)`,
       `scaler.step(opt)` -> `opt.step()`, `scaler.update()` and
       `scaler.unscale_(opt)` removed (`fabric.clip_gradients` unscales);
+    - a random draw sized by the step's batch in a loop that trains (a GAN's
+      noise, `torch.randn(b_size, nz)` with `b_size = real.size(0)`) (AM915):
+      every process draws the original's noise for the global batch,
+      `torch.randn(b_size * fabric.world_size, nz)`, and keeps its own
+      samples' rows, `[fabric.global_rank::fabric.world_size]` (the
+      DistributedSampler's share); exact where every global batch splits
+      evenly (AM911). A trained model with dropout is noted (AM916): each
+      process draws its own masks; so is BatchNorm, whose statistics each
+      process computes on its share (AM917);
     - `print` -> `fabric.print` (local rank 0: once on each machine);
       `torch.save(...)` and `open(..., "w")` blocks under
       `if fabric.is_global_zero:`.
@@ -118,7 +127,8 @@ Left alone (a finding says what to do by hand; nothing changes)
     arguments, a batch_sampler or an IterableDataset of the
     file, which Fabric gives no sampler (AM929); names the migrated code needs
     already used (AM925); loop exits each process decides alone (AM930);
-    random draws in a loop that trains, alike on every process (AM931);
+    other random draws in a loop that trains (one of a fixed size), alike on
+    every process (AM931);
     clipping of parameters that are not one model's with its one optimizer
     (AM905).
 """
@@ -164,6 +174,9 @@ class FabricCodemod(AccelerateCodemod):
         "AM912": "mixed precision moved onto Fabric(precision=...)",
         "AM913": "training batch size divided among the processes (the global batch kept)",
         "AM914": "batch size that the processes cannot split evenly",
+        "AM915": "random draw sized by the batch in a loop that trains, alike on every process (a GAN's noise)",
+        "AM916": "random numbers that on N processes are not the original's (dropout masks)",
+        "AM917": "BatchNorm statistics computed on each process's share of the batch",
         "AM920": "training loop, entry point or trained objects that cannot be set up",
         "AM921": "mixed precision that fabric does not migrate",
         "AM922": "script already distributed, on Accelerate or on Lightning",
@@ -177,7 +190,7 @@ class FabricCodemod(AccelerateCodemod):
         "AM930": "loop exit decided on each process's own value",
         "AM931": "random draw in a loop that trains, alike on every process (a GAN's noise)",
     }
-    notes = frozenset({"AM910", "AM911", "AM914", "AM922"})
+    notes = frozenset({"AM910", "AM911", "AM914", "AM916", "AM917", "AM922"})
     triggers = ("backward",)
 
     def is_suppressed(self, node: cst.CSTNode, code: str) -> bool:

@@ -13,6 +13,8 @@ import libcst as cst
 # for something else is left alone (AM825).
 ACCELERATOR = "accelerator"
 ADDED_NAMES = {"Accelerator": "accelerate", "DataLoaderConfiguration": "accelerate", ACCELERATOR: None}
+# Where the run stays on the CPU, without a flag of the script's: no CUDA.
+NO_CUDA = "not torch.cuda.is_available()"
 
 # `split_batches=True`: the loader's batch size stays the global batch (each
 # process takes its slice of every batch). Accelerate 1.x reads it from the
@@ -26,11 +28,12 @@ ADDED_NAMES = {"Accelerator": "accelerate", "DataLoaderConfiguration": "accelera
 # draws another order than the original's sampler; dispatching leaves the
 # loader untouched on rank 0, which sends each process its slice of the
 # original's batch.
-# `cpu`: the script's own flag may keep it on the CPU (`args.no_cuda or ...`).
-def accelerator_statement(dispatch: bool, mixed_precision: str | None = None, cpu: str = "not torch.cuda.is_available()") -> str:
+# `cpu`: the script's own flag may keep it on the CPU (`args.no_cuda or ...`); else NO_CUDA.
+def accelerator_statement(dispatch: bool, mixed_precision: str | None = None, cpu: str = NO_CUDA) -> str:
     config = "split_batches=True, dispatch_batches=True" if dispatch else "split_batches=True"
     precision = f"mixed_precision={mixed_precision}, " if mixed_precision else ""
     return f"{ACCELERATOR} = Accelerator({precision}cpu={cpu}, dataloader_config=DataLoaderConfiguration({config}))"
+
 
 Statement = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 Edit = Callable[[cst.CSTNode], cst.CSTNode]

@@ -28,7 +28,11 @@ entry point) stays as it is (`ExitsThroughParameters`).
 
 `--no-cuda` / `--cuda` (`action="store_true"`) let the user keep the script
 on the CPU; the Accelerator then reads the flag (`cpu_flag`):
-`Accelerator(cpu=args.no_cuda or not torch.cuda.is_available())`.
+`Accelerator(cpu=args.no_cuda or not torch.cuda.is_available())`; so it reads
+`--device cpu` (`cpu=args.device == "cpu" or ...`). `parsed_flag` also finds
+every read of a flag's value (`args.device`, `args.gpu`, through parameters
+too), which the planner allows only where it rewrites them: any other device
+or GPU index named by the flag would put every process on that one device.
 """
 
 from __future__ import annotations
@@ -207,33 +211,70 @@ class ExitsThroughParameters(ExitReading):
         return True
 
 
-# -- the flag that keeps the script on the CPU -----------------------------------------------
+# -- the flags that choose the device -------------------------------------------------------
 
 CPU_FLAGS = {"--no-cuda": "{}", "--no_cuda": "{}", "--cuda": "not {}"}  # the flag -> "the CPU is asked for" of its value
+DEVICE_NAME_FLAGS = {"--device": '{} == "cpu"'}  # a flag whose value names the device: the CPU is asked for by name
+GPU_INDEX_FLAGS = frozenset({"--gpu"})  # a flag whose value is the GPU's index, which accelerate chooses per process
 
 
 @dataclasses.dataclass
 class CpuFlag:
-    """`--no-cuda` read from `args = parser.parse_args()`."""
+    """`--no-cuda` (or `--device`) read from `args = parser.parse_args()`."""
 
-    asks_for_cpu: str  # "args.no_cuda", "not args.cuda"
+    asks_for_cpu: str  # "args.no_cuda", "not args.cuda", 'args.device == "cpu"'
     parsed_at: cst.CSTNode | None  # the entry point's own statement that parses the arguments; None: parsed before it runs
+    reads: list = dataclasses.field(default_factory=list)  # the script's `args.device`: each must become `accelerator.device`
+
+
+@dataclasses.dataclass
+class ParsedFlag:
+    """Where a flag's value is read: `args.<attribute>`, `args` bound once by `parser.parse_args()`."""
+
+    name: str  # the parsed arguments: "args"
+    attribute: str
+    parsed_at: cst.CSTNode | None
+    reads: list  # the `args.<attribute>` Attribute nodes
 
 
 def cpu_flag(planner, flag: cst.Call) -> CpuFlag | None:
-    """How the Accelerator reads a `--no-cuda` / `--cuda` store_true flag, when it can: the arguments parsed into a
-    plain name in the entry point's own body or at module level before it runs."""
-    spelled = next((a.value.evaluated_value for a in flag.args if a.keyword is None and isinstance(a.value, cst.SimpleString)), None)
+    """How the Accelerator reads a `--no-cuda` / `--cuda` store_true flag (or the CPU named by `--device cpu`), when
+    it can: the arguments parsed into a plain name in the entry point's own body or at module level before it runs."""
+    spelled = _spelled(flag)
     action = keyword_arg(flag, "action")
-    if spelled not in CPU_FLAGS or action is None or not isinstance(action.value, cst.SimpleString) or action.value.evaluated_value != "store_true":
+    if spelled in DEVICE_NAME_FLAGS:
+        if action is not None or keyword_arg(flag, "type") is not None:
+            return None  # a string is what `== "cpu"` can read
+        asks = DEVICE_NAME_FLAGS[spelled]
+    elif spelled in CPU_FLAGS and action is not None and isinstance(action.value, cst.SimpleString) and action.value.evaluated_value == "store_true":
+        asks = CPU_FLAGS[spelled]
+    else:
         return None
+    parsed = parsed_flag(planner, flag)
+    if parsed is None:
+        return None
+    return CpuFlag(asks.format(f"{parsed.name}.{parsed.attribute}"), parsed.parsed_at, parsed.reads)
+
+
+def gpu_index_flag(planner, flag: cst.Call) -> ParsedFlag | None:
+    """`--gpu` (an index), with where the script reads it."""
+    return parsed_flag(planner, flag) if _spelled(flag) in GPU_INDEX_FLAGS else None
+
+
+def _spelled(flag: cst.Call) -> str | None:
+    return next((a.value.evaluated_value for a in flag.args if a.keyword is None and isinstance(a.value, cst.SimpleString)), None)
+
+
+def parsed_flag(planner, flag: cst.Call) -> ParsedFlag | None:
+    """The flag's attribute and its reads, for arguments parsed into a plain name bound once, in the entry point's
+    own body or at module level before the entry function runs."""
     dest = keyword_arg(flag, "dest")
     if dest is not None:
         if not isinstance(dest.value, cst.SimpleString):
             return None
         attribute = dest.value.evaluated_value
     else:
-        attribute = spelled.lstrip("-").replace("-", "_")
+        attribute = _spelled(flag).lstrip("-").replace("-", "_")
     script = planner.script
     for call in planner.uses.calls:
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "parse_args"):
@@ -246,15 +287,31 @@ def cpu_flag(planner, flag: cst.Call) -> CpuFlag | None:
         scope = own_scope(script.scope_of(call))
         if len(scope.bindings.get(name, ())) != 1:
             continue
-        asks = CPU_FLAGS[spelled].format(f"{name}.{attribute}")
+        reads = _reads_of(planner, name, attribute, assign.targets[0].target)
         if scope is planner.entry and line in planner.body:
-            return CpuFlag(asks, line)
+            return ParsedFlag(name, attribute, line, reads)
         guard = script.entry.main_guard
         body = list(script.module.body)
         before_main = guard is not None and body.index(line) < body.index(guard)
         if scope.kind == "module" and planner.entry.kind == "function" and script.parent(line) is script.module and before_main:
-            return CpuFlag(asks, None)
+            return ParsedFlag(name, attribute, None, reads)
     return None
 
 
-__all__ = ["CpuFlag", "EntryFunctions", "ExitsThroughParameters", "cpu_flag", "own_scope"]
+def _reads_of(planner, name: str, attribute: str, target: cst.Name) -> list:
+    """`name.attribute` wherever `name` is the parsed arguments bound at `target`, through functions' parameters
+    too (`train(args, ...)`): every read of the flag's value."""
+    script = planner.script
+    found = []
+    for node in planner.uses.names.get(attribute, ()):
+        attribute_node = script.parent(node)
+        if not (isinstance(attribute_node, cst.Attribute) and attribute_node.attr is node and isinstance(attribute_node.value, cst.Name)):
+            continue
+        owner = attribute_node.value
+        bindings = script.bindings_of(owner.value, owner)
+        if owner.value == name or any(b.kind == "param" for b in bindings):
+            found.append(attribute_node)  # a parameter may hold the parsed arguments: counted as a read
+    return found
+
+
+__all__ = ["CpuFlag", "EntryFunctions", "ExitsThroughParameters", "ParsedFlag", "cpu_flag", "gpu_index_flag", "own_scope", "parsed_flag"]

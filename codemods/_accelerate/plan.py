@@ -21,10 +21,12 @@ from .._base import (
     walk,
 )
 from ..script import vocabulary as v
+from ..script.devices import DEVICE_STRINGS
 from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
 from ..script.uses import uses_of
 from ..script.workers_facts import workers_facts
 from .common import (
+    NO_CUDA,
     ACCELERATOR,
     ADDED_NAMES,
     CannotMigrate,
@@ -35,7 +37,8 @@ from .common import (
     statement,
     unwrapped,
 )
-from .functions import EntryFunctions, ExitsThroughParameters, cpu_flag, own_scope
+from .draws import Draws, contiguous_rows
+from .functions import DEVICE_NAME_FLAGS, EntryFunctions, ExitsThroughParameters, cpu_flag, gpu_index_flag, own_scope
 from .metrics import ShardedEvaluation
 from .precision import Precision
 
@@ -55,6 +58,12 @@ RANDOM_DRAWS = frozenset(f"torch.{f}" for f in ("randn", "rand", "randint", "ran
 
 
 class Planner:
+    # The rows of a draw for the global batch that hold this process's samples (draws.py).
+    own_rows = staticmethod(contiguous_rows)
+    # A shuffled loader is iterated by the main process alone (`dispatch_batches=True`), which draws its order
+    # from the global RNG where the other processes do not.
+    dispatches_shuffled_loaders = True
+
     def __init__(self, codemod) -> None:
         self.codemod = codemod
         self.script = codemod.script
@@ -86,7 +95,9 @@ class Planner:
         self._plan_model_attributes(prepared)
         self._plan_output()
         ExitsThroughParameters(self.codemod).refuse_per_process_exits()
-        self._refuse_alike_draws()
+        draws = Draws(self, self.own_rows)
+        draws.plan(RANDOM_DRAWS)
+        draws.note_per_process_layers(steps)
         self._refuse_use_before_accelerator()
         self.functions.pass_accelerator(self.plan)
         return self.plan
@@ -187,7 +198,7 @@ class Planner:
             raise CannotMigrate(self.module, "AM820", "no code that runs in this file to make the `Accelerator` in: accelerate changed nothing")
         self.accelerator_anchor = anchor
         self.moved_after = None  # the statement parsing a `--no-cuda` flag the Accelerator reads, when it follows
-        self.cpu = "not torch.cuda.is_available()"
+        self.cpu = NO_CUDA
         self.shuffled_loaders = []
         self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
         self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
@@ -202,10 +213,13 @@ class Planner:
     # -- devices ----------------------------------------------------------------------------
 
     def _plan_devices(self) -> None:
+        self.gpu_index_calls = set()  # `.cuda(args.gpu)` and `torch.cuda.set_device(args.gpu)`: the flag's reads
         for binding in self.script.devices:
             if binding.kind == "parameter":
                 continue  # receives what the entry point passes: `accelerator.device`
             if binding.kind == "flag" and self.moved_after is None and self._read_cpu_flag(binding):
+                continue
+            if binding.kind == "flag" and self._read_gpu_index_flag(binding):
                 continue
             if binding.kind in ("torch.device", "string", "get_device") and binding.scope is self.entry:
                 target = self.codemod.parent(binding.node)
@@ -213,6 +227,8 @@ class Planner:
                 if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(binding.node, cst.Name):
                     self.plan.edit(assign, lambda updated: updated.with_changes(value=expression(f"{ACCELERATOR}.device")))
                     self.plan.fixes.append((assign, "AM803", f"`{binding.name} = {ACCELERATOR}.device`: the device accelerate gives this process"))
+                    if binding.kind == "string":
+                        self._compare_device_types(binding)
                     continue
             raise CannotMigrate(binding.node, "AM827", self._device_refusal(binding))
         for call in self.uses.calls:
@@ -220,7 +236,7 @@ class Planner:
                 continue
             method = call.func.attr.value
             literal = method == "to" and call.args and isinstance(call.args[0].value, cst.SimpleString) and "cuda" in call.args[0].value.value
-            if method == "cuda" and not any(a.keyword is None for a in call.args) or literal:
+            if method == "cuda" and (not any(a.keyword is None for a in call.args) or call in self.gpu_index_calls) or literal:
                 if not self.in_entry(call):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call.func)}(...)` outside the entry point: accelerate changed nothing; place it on the device passed in (`.to(device)` with `device = {ACCELERATOR}.device`), then run accelerate again")
                 kept = [a for a in call.args[1 if literal else 0:] if a.keyword is not None]
@@ -230,6 +246,8 @@ class Planner:
                 ))
                 self.plan.fixes.append((call, "AM803", f"`.to({ACCELERATOR}.device)`: each process places its tensors on its own device"))
         for call in self._calls(v.SET_DEVICE | v.CUDA_DEVICE_CONTEXT):
+            if call in self.gpu_index_calls:
+                continue  # dropped: accelerate sets each process's device
             raise CannotMigrate(call, "AM827", "the script picks its GPU itself: accelerate changed nothing; remove the GPU selection (accelerate gives each process its GPU), then run accelerate again")
         for call in self._calls({"torch.device"}):
             if not any(b.node is call or self.codemod.parent(call) is self.codemod.parent(b.node) for b in self.script.devices):
@@ -248,6 +266,14 @@ class Planner:
                 f"device `{binding.name}` set in the script's settings before the Accelerator is made: accelerate changed "
                 f"nothing; read `{ACCELERATOR}.device` where the script reads `{binding.name}`, then run accelerate again"
             )
+        guard = self.script.entry.main_guard
+        if self.entry.kind == "function" and guard is not None and any(a is guard for a in self.codemod.ancestors(binding.node)):
+            # The Accelerator is made in the function the block calls, after the block has chosen the device.
+            return (
+                f"device `{binding.name}` chosen in the `__main__` block, which passes it to `{self.entry.name}`, where the "
+                f"Accelerator is made: accelerate changed nothing; move the block's code into a function `main()` that the "
+                f"block calls (`{self.entry.name}` then receives `{ACCELERATOR}`), then run accelerate again"
+            )
         return (
             f"device `{binding.name}` chosen outside the entry point's own assignments: accelerate changed nothing; "
             f"make it `{binding.name} = {ACCELERATOR}.device` after the Accelerator is made (each process has its own), then run accelerate again"
@@ -265,9 +291,77 @@ class Planner:
             anchor = self.body[following]
             self.plan.fixes = [(anchor if node is self.accelerator_anchor and code == "AM801" else node, code, message) for node, code, message in self.plan.fixes]
             self.accelerator_anchor, self.moved_after = anchor, flag.parsed_at
+        if binding.name in DEVICE_NAME_FLAGS:
+            self._refuse_other_device_reads(binding, flag.reads)
         self.cpu = f"{flag.asks_for_cpu} or not torch.cuda.is_available()"
         self.plan.fixes.append((binding.node, "AM803", f"`Accelerator(cpu={self.cpu})`: the flag still keeps the run on the CPU"))
         return True
+
+    def _refuse_other_device_reads(self, binding, reads) -> None:
+        """`--device`: its value read only as `device = args.device` of the entry point, which becomes
+        `accelerator.device`; read anywhere else it would put every process on the one device it names."""
+        rewritten = {b.node for b in self.script.devices if b.kind == "string" and b.scope is self.entry and isinstance(b.node, cst.Name)}
+        for read in reads:
+            assign = self.codemod.parent(read)
+            if isinstance(assign, cst.Assign) and assign.value is read and len(assign.targets) == 1 and assign.targets[0].target in rewritten:
+                continue
+            raise CannotMigrate(
+                read, "AM827",
+                f"`{code_of(read)}` read here, not only as `device = {code_of(read)}` in the entry point: accelerate changed "
+                f"nothing; every process would use the one device it names: read `device` (which becomes `{ACCELERATOR}.device`) "
+                f"here, then run accelerate again",
+            )
+
+    def _read_gpu_index_flag(self, binding) -> bool:
+        """`--gpu N` read only by `torch.cuda.set_device(args.gpu)` (dropped: accelerate sets each process's device) and
+        `.cuda(args.gpu, ...)` (which becomes `.to(accelerator.device, ...)`); the flag itself stays, unread."""
+        flag = gpu_index_flag(self, binding.node)
+        if flag is None:
+            return False
+        dropped = []
+        for read in flag.reads:
+            arg = self.codemod.parent(read)
+            call = self.codemod.parent(arg) if isinstance(arg, cst.Arg) else None
+            first = isinstance(call, cst.Call) and call.args and call.args[0] is arg and arg.keyword is None
+            if first and self.codemod.is_call_to(call, v.SET_DEVICE) and len(call.args) == 1:
+                expr = self.codemod.parent(call)
+                line = self.codemod.parent(expr)
+                if isinstance(expr, cst.Expr) and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+                    dropped.append((call, line))
+                    continue
+            if first and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda":
+                self.gpu_index_calls.add(call)
+                continue
+            raise CannotMigrate(
+                read, "AM827",
+                f"`{code_of(read)}` read here, not only by `torch.cuda.set_device({code_of(read)})` and `.cuda({code_of(read)})`: "
+                f"accelerate changed nothing; accelerate gives each process its GPU: read `{ACCELERATOR}.device` here, then run accelerate again",
+            )
+        for call, line in dropped:
+            self._drop(line)
+            if not any(a in self.plan.removed for a in (line, *self.codemod.ancestors(line))):
+                continue  # a block it is alone in keeps it: refused below as the script picking its GPU
+            self.gpu_index_calls.add(call)
+            self.plan.fixes.append((call, "AM803", f"`{code_of(call)}` removed: accelerate sets each process's device"))
+        return True
+
+    def _compare_device_types(self, binding) -> None:
+        """`device == "cuda"` of a string device becomes `device.type == "cuda"`: `accelerator.device` is a
+        `torch.device`, which equals no string."""
+        for node in self.uses.names.get(binding.name, ()):
+            parent = self.codemod.parent(node)
+            if isinstance(parent, cst.ComparisonTarget) and parent.comparator is node:
+                comparison = self.codemod.parent(parent)
+                other = comparison.left if len(comparison.comparisons) == 1 else None
+            elif isinstance(parent, cst.Comparison) and parent.left is node and len(parent.comparisons) == 1:
+                other = parent.comparisons[0].comparator
+            else:
+                continue
+            if not (isinstance(other, cst.SimpleString) and other.evaluated_value in DEVICE_STRINGS):
+                continue
+            if not any(b.node is binding.node for b in self.script.bindings_of(binding.name, node)):
+                continue
+            self.plan.edit(node, lambda updated: cst.Attribute(value=updated, attr=cst.Name("type")))
 
     def _refuse_use_before_accelerator(self) -> None:
         """Made after the arguments are parsed, the Accelerator must come before everything that uses it."""
@@ -352,7 +446,8 @@ class Planner:
         self.training_loaders = []
         for step in steps:
             for loop in step.loops:
-                if loop.loader is not None:
+                # Once each: one loader may feed several steps (a GAN's two optimizers).
+                if loop.loader is not None and loop.loader not in self.training_loaders:
                     names[loop.loader.name] = None
                     self.training_loaders.append(loop.loader)
         if not self.training_loaders:
@@ -521,20 +616,6 @@ class Planner:
                 function = self.script.flow.function_of(self.script.scope_of(call))
                 why = f" ({self.functions.why_not(function)})" if function is not None and self.functions.why_not(function) else ""
                 raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process{why}: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
-
-    def _refuse_alike_draws(self) -> None:
-        """Every process is seeded alike: a draw in the training loop (a GAN's
-        noise) gives each process the same numbers, where one process drew
-        different ones for each sample of the global batch."""
-        for call in self._calls(RANDOM_DRAWS):
-            loop = self.codemod.innermost_loop(call)
-            if loop is not None and self.uses.trains(loop.body):
-                raise CannotMigrate(
-                    call, "AM831",
-                    f"`{code_of(call.func)}(...)` in a loop that trains: every process draws the same numbers for its "
-                    f"slice of the batch; accelerate changed nothing; see `--to ddp` (draw_rank_share) or give each "
-                    f"process its own rows of the original's draw by hand",
-                )
 
     def _opens_for_writing(self, call: cst.Call) -> bool:
         if not self.codemod.is_call_to(call, {"builtins.open"}):

@@ -25,22 +25,9 @@ SHARED_DRAW = frozenset({f"{RUNTIME}.draw_rank_share"})
 SIZE_METHODS = frozenset({"size"})
 
 
-class RankNoise(LocalBatchSize):
-    """Plans `draw_rank_share(...)` for the batch-sized draws of a training loop."""
-
-    def _plan_batch_draws(self, loop: cst.CSTNode, batch: cst.BaseExpression) -> None:
-        """`batch`: the loader's batch size (`torch.randn(batch_size, latent)` is sized by the batch too)."""
-        if not isinstance(loop, cst.For):
-            return
-        tensors, sizes = self._batch_names(loop)
-        for node in walk(loop.body):
-            if isinstance(node, cst.Call) and self.is_call_to(node, DRAWS) and self.innermost_loop(node) is not None:
-                dims = self._draw_dims(node)
-                if dims and (
-                    self._is_batch_size(dims[0], tensors, sizes)
-                    or self._reads_loader_batch(dims[0], batch, loop)
-                ):
-                    self._plan_shared_draw(node, dims)
+class BatchReading:
+    """What in a loop over batches holds this step's samples and their number,
+    and the sizes a draw is given (shared with the accelerate codemod's draws)."""
 
     def _batch_names(self, loop: cst.For) -> tuple[set[str], set[str]]:
         """Names in the loop body that hold this step's samples (the loop's
@@ -107,6 +94,24 @@ class RankNoise(LocalBatchSize):
                 return None
             return [e.value for e in first.elements]
         return [a.value for a in positional]
+
+
+class RankNoise(BatchReading, LocalBatchSize):
+    """Plans `draw_rank_share(...)` for the batch-sized draws of a training loop."""
+
+    def _plan_batch_draws(self, loop: cst.CSTNode, batch: cst.BaseExpression) -> None:
+        """`batch`: the loader's batch size (`torch.randn(batch_size, latent)` is sized by the batch too)."""
+        if not isinstance(loop, cst.For):
+            return
+        tensors, sizes = self._batch_names(loop)
+        for node in walk(loop.body):
+            if isinstance(node, cst.Call) and self.is_call_to(node, DRAWS) and self.innermost_loop(node) is not None:
+                dims = self._draw_dims(node)
+                if dims and (
+                    self._is_batch_size(dims[0], tensors, sizes)
+                    or self._reads_loader_batch(dims[0], batch, loop)
+                ):
+                    self._plan_shared_draw(node, dims)
 
     def _plan_shared_draw(self, call: cst.Call, dims: list[cst.BaseExpression]) -> None:
         self._rank_shared_draws.add(call)

@@ -13,7 +13,7 @@ import re
 
 import libcst as cst
 
-from .._accelerate.common import ACCELERATOR, expression
+from .._accelerate.common import ACCELERATOR, NO_CUDA, expression
 
 FABRIC = "fabric"
 # The names the migrated code binds or imports; a file that uses one of them
@@ -32,15 +32,26 @@ ACCELERATOR_CHOICE = '"cuda" if torch.cuda.is_available() else "cpu"'
 PRECISIONS = {'"fp16"': '"16-mixed"', '"bf16"': '"bf16-mixed"'}
 
 
-def fabric_statements(accelerate_mode: str | None) -> tuple[str, str]:
+def fabric_statements(accelerate_mode: str | None, cpu: str = NO_CUDA) -> tuple[str, str]:
+    """The lines that make and launch the Fabric object. `cpu`: the planner's
+    expression that is true where the run stays on the CPU (a `--no-cuda`
+    flag, or no CUDA)."""
+    choice = ACCELERATOR_CHOICE if cpu == NO_CUDA else f'"cpu" if {cpu} else "cuda"'
+    on_cuda = "torch.cuda.is_available()" if cpu == NO_CUDA else f"not ({cpu})"
     precision = ""
     if accelerate_mode:
         mode = next(fabric for accelerate, fabric in PRECISIONS.items() if accelerate_mode.startswith(accelerate))  # checked by the planner
-        precision = f"precision={mode} if torch.cuda.is_available() else \"32-true\", "
+        precision = f"precision={mode} if {on_cuda} else \"32-true\", "
     return (
-        f"{FABRIC} = Fabric({precision}accelerator={ACCELERATOR_CHOICE}, devices={DEVICES}, num_nodes={NODES})",
+        f"{FABRIC} = Fabric({precision}accelerator={choice}, devices={DEVICES}, num_nodes={NODES})",
         f"{FABRIC}.launch()",
     )
+
+
+def strided_rows(size: str) -> tuple[str, str]:
+    """A draw for the global batch and this rank's rows of it: Fabric's DistributedSampler gives rank r the
+    samples r::world of every global batch (codemods/_accelerate/draws.py)."""
+    return f"{size} * {FABRIC}.world_size", f"[{FABRIC}.global_rank::{FABRIC}.world_size]"
 
 
 def fabric_call(method: str, args) -> cst.Call:

@@ -31,6 +31,7 @@ from .common import (
     PRECISIONS,
     fabric_call,
     fabric_statements,
+    strided_rows,
     untranslated,
     world_share,
 )
@@ -40,6 +41,9 @@ CLIP_SETTINGS = {"clip_grad_norm_": ("max_norm", "norm_type", "error_if_nonfinit
 
 
 class FabricPlanner(Planner):
+    own_rows = staticmethod(strided_rows)
+    dispatches_shuffled_loaders = False  # the DistributedSampler draws from its own generator on every process
+
     def make(self):
         plan = super().make()
         self._refuse_unsplit_batches()
@@ -86,7 +90,7 @@ class FabricPlanner(Planner):
         mode = self.precision.mode
         if mode and not mode.startswith(tuple(PRECISIONS)):
             raise CannotMigrate(self.accelerator_anchor, "AM821", f"mixed precision chosen as `{mode}`, which fabric cannot write as one `Fabric(precision=...)`: fabric changed nothing; remove the mixed precision by hand, run fabric again, then pass `precision=\"16-mixed\"` to `Fabric(...)`")
-        made, launched = fabric_statements(self.precision.mode)
+        made, launched = fabric_statements(self.precision.mode, self.cpu)
         self.plan.before.setdefault(self.accelerator_anchor, [])[0:0] = [statement(made, self.config), statement(launched, self.config)]
         for call in self.shuffled_loaders:
             self.plan.notes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): in a world of one it keeps the original's order; on N processes Fabric's DistributedSampler draws another (seeded with 0 and the epoch): a seeded run trains as well, not to the same numbers"))
