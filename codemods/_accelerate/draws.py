@@ -29,6 +29,12 @@ from .._ddp.batch_norm import BATCH_NORM, CONVERT, RANDOM_LAYERS, BatchNormNote
 from .._ddp.noise import DRAWS, BatchReading
 from .common import ACCELERATOR, CannotMigrate, expression
 
+# numpy's and Python's random draws: seeded alike on every process, as torch's.
+HOST_DRAWS = frozenset(
+    {f"numpy.random.{f}" for f in ("random", "rand", "randn", "normal", "uniform", "randint", "choice", "permutation", "binomial", "beta", "standard_normal")}
+    | {f"random.{f}" for f in ("random", "uniform", "gauss", "normalvariate", "choices", "sample")}
+)
+
 # For a per-process size `b` (its code): the size of the global draw, and what
 # follows the draw to keep this process's rows of it.
 Rows = Callable[[str], "tuple[str, str]"]
@@ -70,6 +76,24 @@ class Draws(BatchReading):
                 f"slice of the batch; accelerate changed nothing; see `--to ddp` (draw_rank_share) or give each "
                 f"process its own rows of the original's draw by hand",
             )
+
+    def refuse_host_draws_of_the_batch(self) -> None:
+        """numpy's and Python's generators are seeded alike on every process too: a draw sized by the batch
+        (`np.random.normal(0, 1, (x.shape[0], nz))`) gives each process the same numbers for its slice."""
+        for call in self.planner._calls(HOST_DRAWS):
+            loop = self.codemod.innermost_loop(call)
+            batches = self._loop_over_batches(call) if loop is not None and self.planner.uses.trains(loop.body) else None
+            if batches is None:
+                continue
+            tensors, sizes = self._batch_names(batches)
+            if any(isinstance(n, cst.BaseExpression) and self._is_batch_size(n, tensors, sizes) for n in walk(call)):
+                raise CannotMigrate(
+                    call, "AM831",
+                    f"`{code_of(call.func)}(...)` sized by the batch in a loop that trains: every process draws the same "
+                    f"numbers for its slice of the batch; accelerate changed nothing; draw it with torch "
+                    f"(`torch.randn(b, ...)` with `b = x.size(0)`, which accelerate shares out among the processes), "
+                    f"then run accelerate again",
+                )
 
     def _loop_over_batches(self, call: cst.Call) -> cst.For | None:
         """The loop around `call` over a training loader (`for i, data in enumerate(dataloader)`)."""

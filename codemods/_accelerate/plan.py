@@ -97,6 +97,7 @@ class Planner:
         ExitsThroughParameters(self.codemod).refuse_per_process_exits()
         draws = Draws(self, self.own_rows)
         draws.plan(RANDOM_DRAWS)
+        draws.refuse_host_draws_of_the_batch()
         draws.note_per_process_layers(steps)
         self._refuse_use_before_accelerator()
         self.functions.pass_accelerator(self.plan)

@@ -166,7 +166,10 @@ class FabricPlanner(Planner):
     def _plan_batch_share(self, call: cst.Call) -> None:
         size = keyword_arg(call, "batch_size")
         if size is None:
-            size = [a for a in call.args if a.keyword is None][1]
+            positional = [a for a in call.args if a.keyword is None and not a.star]
+            if len(positional) < 2:  # the batch size comes in a `**kwargs` dict
+                raise CannotMigrate(call, "AM929", f"training DataLoader whose batch size comes through `**kwargs`: each process must load `batch_size // {FABRIC}.world_size`; fabric changed nothing; pass `batch_size=` to this DataLoader, then run fabric again")
+            size = positional[1]
         self.plan.edit(size, lambda updated: updated.with_changes(value=world_share(updated.value)))
         self.plan.fixes.append((size, "AM813", f"each process loads `{code_of(size.value)} // {FABRIC}.world_size`: Fabric shares the data set out among the processes, and the global batch stays {code_of(size.value)}"))
         self.batch_sizes = getattr(self, "batch_sizes", []) + [size.value]
