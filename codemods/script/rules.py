@@ -137,8 +137,8 @@ def _main_guard(f: SourceFacts) -> bool:
     return f.dataloader_calls > 0 or f.backward_calls > 0 or bool(starts & (f.names | f.attributes))
 
 
-def _accelerate(f: SourceFacts) -> bool:
-    """What ddp or amp would act on or refuse: accelerate takes over both."""
+def _library_target(f: SourceFacts) -> bool:
+    """What ddp or amp would act on or refuse: accelerate and fabric take over both."""
     return _ddp(f) or _amp(f)
 
 
@@ -168,7 +168,8 @@ RULES: Mapping[str, Rule] = {
     "amp": _amp,
     "ddp": _ddp,
     "fsdp": _fsdp,
-    "accelerate": _accelerate,
+    "accelerate": _library_target,
+    "fabric": _library_target,
     "sync-bn": _sync_bn,
     "accumulate": _accumulate,
     "batch-scale": _batch_scale,
