@@ -306,12 +306,17 @@ def totals(outcomes: list[Outcome], names: list[str], ran: bool) -> str:
         count = collections.Counter(o.verdict for o in mine)
         before_failed = [o for o in mine if not o.ran_before]
         now = f"{sum(bool(o.runs_after) for o in before_failed)} of {len(before_failed)}" if ran else "-"
-        codes = collections.Counter()
-        for o in mine:
-            codes.update(set(o.left))  # scripts left with each code
-        top = ", ".join(f"{code} {n}" for code, n in codes.most_common(5)) or "-"
+        top = top_codes([o.left for o in mine], 5)
         lines.append(f"| `{name}` | {count['full']} | {count['partly']} | {count['broke']} | {now} | {top} |")
     return "\n".join(lines)
+
+
+def top_codes(lefts: list, count: int) -> str:
+    """The codes left in most scripts ("AM521 3, AM520 2"), each script counted once per code."""
+    codes = collections.Counter()
+    for left in lefts:
+        codes.update(set(left))
+    return ", ".join(f"{code} {n}" for code, n in codes.most_common(count)) or "-"
 
 
 def parity_of_copies(migrated: list[Migrated], originals: dict, root: Path) -> dict:
