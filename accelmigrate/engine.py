@@ -47,7 +47,7 @@ from accelmigrate.codemods.script.precheck import SourceFacts, precheck
 from accelmigrate.codemods.script.rules import words_that_may_apply
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
 from accelmigrate.import_order import first_party_layout, place_new_imports
-from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
+from accelmigrate.notebook import NotebookError, cell_marker_lines, is_notebook, parse_notebook
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 
 SUPPRESSION_MARK = "accelmigrate:"
@@ -90,6 +90,11 @@ NOTES = frozenset({NOT_IN_NOTEBOOK})
 UNKNOWN_CODE_IN_MARK = "AM002"
 UNKNOWN_CODE_IN_CONFIG = "AM003"
 UNUSED_MARK = "AM004"
+# A word that acts on a training step found none in the file, whose training
+# runs in a module of the project it imports (accelmigrate/training_elsewhere.py).
+TRAINING_ELSEWHERE = "AM005"
+TRAINER_LOOP = "AM006"  # ... or in a third-party library's trainer
+TRAINING_WORDS = frozenset({"amp", "ddp", "accelerate", "fabric", "accumulate", "fsdp"})
 # The engine's own codes, with their titles (`accelmigrate explain AM004`).
 ENGINE_CODES = {
     CODEMOD_FAILED: "a codemod failed on the file and changed nothing",
@@ -97,6 +102,8 @@ ENGINE_CODES = {
     UNKNOWN_CODE_IN_MARK: "skip mark names an unknown code",
     UNKNOWN_CODE_IN_CONFIG: "configuration names an unknown code",
     UNUSED_MARK: "skip mark silences nothing",
+    TRAINING_ELSEWHERE: "the training runs in an imported module of the project, not in this file",
+    TRAINER_LOOP: "the training loop runs in a third-party library's trainer",
 }
 
 
@@ -296,12 +303,73 @@ def _run_one(
         if rewrite and codemod.imports_changed:  # without `rewrite` the tree is not wanted
             tree = add_imports(context, tree)
             if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
-                tree = RemoveImportsVisitor(context).transform_module(tree)
+                tree = _import_remover(context).transform_module(tree)
     except Exception as error:  # a bug in one codemod must not cost the others
         detail = _describe(error, in_codemod=True)
         failure = Finding(1, 1, CODEMOD_FAILED, f"codemod {cls.word!r} failed and changed nothing: {detail}", False, cls.word)
         return wrapper.module, [failure], False
     return tree, codemod.findings, codemod.changes_anything()
+
+
+# A cell marker: `# %% [accelmigrate cell N]` in a notebook's joint source
+# (notebook.py), `# %%` in a percent-format script.
+CELL_MARKER_PREFIX = "# %%"
+
+
+def _import_remover(context: "CodemodContext"):
+    """LibCST's RemoveImportsVisitor, except that an import line it removes
+    leaves behind the cell markers above it: LibCST drops a removed line's
+    comment lines with it, and a marker there (the import opened its cell)
+    would take the cell's boundary with it, the cell's remaining code
+    falling into the cell before. The comment lines up to the last marker
+    (those that close the cell before, and the marker) go to the next
+    statement; the import's own comments, below the marker, go with it."""
+    from libcst.codemod.visitors import RemoveImportsVisitor
+
+    class KeepingCellMarkers(RemoveImportsVisitor):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.emptied: list = []  # original import lines left with no statement
+
+        def leave_SimpleStatementLine(self, original_node, updated_node):
+            updated_node = super().leave_SimpleStatementLine(original_node, updated_node)
+            if original_node.body and not getattr(updated_node, "body", True):
+                self.emptied.append(original_node)
+            return updated_node
+
+        def leave_Module(self, original_node, updated_node):
+            updated_node = super().leave_Module(original_node, updated_node)
+            body, footer = self.carried(original_node.body, updated_node.body, updated_node.footer)
+            return updated_node.with_changes(body=body, footer=footer)
+
+        def leave_IndentedBlock(self, original_node, updated_node):
+            updated_node = super().leave_IndentedBlock(original_node, updated_node)
+            body, footer = self.carried(original_node.body, updated_node.body, updated_node.footer)
+            return updated_node.with_changes(body=body, footer=footer)
+
+        def carried(self, originals, updated, footer):
+            removed = [any(o is e for e in self.emptied) for o in originals]
+            if not any(removed) or len(updated) != removed.count(False):
+                return updated, footer
+            body, pending, kept = [], [], iter(updated)
+            for original, gone in zip(originals, removed):
+                if gone:
+                    pending += _through_last_marker(original.leading_lines)
+                    continue
+                statement = next(kept)
+                if pending:
+                    statement = statement.with_changes(leading_lines=[*pending, *statement.leading_lines])
+                    pending = []
+                body.append(statement)
+            return body, [*pending, *footer]
+
+    return KeepingCellMarkers(context)
+
+
+def _through_last_marker(lines) -> list:
+    """The comment lines above a statement up to its last cell marker; none without one."""
+    marks = [n for n, line in enumerate(lines) if line.comment is not None and line.comment.value.startswith(CELL_MARKER_PREFIX)]
+    return list(lines[: marks[-1] + 1]) if marks else []
 
 
 def add_imports(context: "CodemodContext", tree: "cst.Module") -> "cst.Module":
@@ -395,6 +463,48 @@ def migrate_source(
     return dataclasses.replace(migration, findings=sorted(migration.findings + extra)) if extra else migration
 
 
+def _training_elsewhere(source: str, plan: Plan, path: str, findings: list[Finding], silenced: frozenset) -> list[Finding]:
+    """AM005 or AM006 where the words that act on a training step changed and
+    said nothing because the file holds none: its training runs in a module of
+    the project it imports, or in a library's trainer. A word never changes
+    nothing silently."""
+    quiet = [word for word, _ in plan if word in TRAINING_WORDS and not any(f.word == word for f in findings)]
+    if not quiet:
+        return []
+    from accelmigrate.training_elsewhere import TRAINERS, where_training_runs
+
+    try:
+        source = parse_notebook(source, path).source if is_notebook(path) else source
+        if _cpython_facts(source, path, walk=True).backward_calls:
+            return []  # the words had their say on it
+    except (MigrationError, NotebookError):
+        return []
+    found = where_training_runs(source, path)
+    if not found:
+        return []
+    first, words = found[0], ",".join(quiet)
+    if first.trainer and TRAINER_LOOP not in silenced:
+        library, switches = TRAINERS[first.trainer]
+        through = f" (through `{first.module}`, imported here)" if first.file else ""
+        return [Finding(
+            first.line, first.column, TRAINER_LOOP,
+            f"no training step in this file: {library} runs the training loop{through}, so {words} changed nothing "
+            f"here. Use that library's own switches instead: {switches}",
+            False, quiet[0],
+        )]
+    if first.trainer or TRAINING_ELSEWHERE in silenced:
+        return []
+    where = os.path.relpath(first.file, Path(path).resolve().parent)
+    others = f" (also in {', '.join(f'`{m.module}`' for m in found[1:4])})" if len(found) > 1 else ""
+    return [Finding(
+        first.line, first.column, TRAINING_ELSEWHERE,
+        f"no training step in this file: the training runs in `{where}` (reached through `{first.module}`, imported "
+        f"here){others}, so {words} changed nothing here. Migrate the training where it lives: `accelmigrate check "
+        f"--to {words} {where}` says what that module needs, with the model, optimizer and loaders this file hands it",
+        False, quiet[0],
+    )]
+
+
 def _mark_findings(source: str, plan: Plan, used: frozenset, silenced: frozenset) -> list[Finding]:
     """Skip marks that name no known code (AM002), and codes of a mark that
     silenced nothing this run (AM004): only codes of the planned codemods,
@@ -433,8 +543,28 @@ def _migrate_source(source: str, plan: Plan, path: str, check_only: bool, notebo
     if not selected:
         return Migration(source, notes)  # never parsed by LibCST
     selected = [(load(cls), options) for cls, options in selected]
-    migration = on_deep_stack(_run_codemods, source, selected, path, check_only, silenced)
+    migration = on_deep_stack(_run_codemods, source, selected, path, check_only, silenced, notebook)
     return Migration(migration.code, sorted(notes + migration.findings), migration.used_marks)
+
+
+def _cell_crossing(before: str, after: str, word: str) -> Optional[Finding]:
+    """An AM000 finding where a codemod's version of a notebook's joint
+    source moved or lost a cell marker (code of one cell carried into
+    another, a block spanning two cells), at the first marker it moved; None
+    where every cell keeps its code. Each codemod keeps its changes within
+    cells (an import goes into the cell that needs it, or the first); one
+    that cannot is left out, and the notebook is still migrated by the others."""
+    old, new = cell_marker_lines(before), cell_marker_lines(after)
+    if [cell for _, cell in old] == [cell for _, cell in new]:
+        return None
+    moved = next((line for (line, cell), (_, other) in zip(old, new) if cell != other), None)
+    line = moved or (old[len(new)][0] if len(old) > len(new) else 1)
+    return Finding(
+        line, 1, CODEMOD_FAILED,
+        f"codemod {word!r} failed and changed nothing: its changes would move code across notebook cells "
+        "(a block or a statement spanning a cell boundary); make that change by hand, within one cell",
+        False, word,
+    )
 
 
 def _restructures(cls) -> bool:
@@ -472,6 +602,7 @@ def _run_codemods(
     path: str,
     check_only: bool,
     silenced: frozenset = frozenset(),
+    notebook: bool = False,
 ) -> Migration:
     original = _Stage.of(_parse(source, path), source, silenced)
     findings: list[Finding] = []
@@ -498,6 +629,10 @@ def _run_codemods(
         findings count: the codemod plans and reports as in `apply`, but
         neither rewrites the tree nor adds or removes imports."""
         tree, found, changed = _run_one(cls, options, stage.wrapper, path, stage.suppressions, rewrite=read)
+        if notebook and changed and read:
+            crossing = _cell_crossing(stage.code, tree.code, cls.word)
+            if crossing is not None:  # the other codemods still migrate the notebook
+                found, changed = [*(f for f in found if not f.fixed), crossing], False
         if record:
             findings.extend(found if stage.code is source else _in_original_lines(found, stage.code, source, line_maps))
         if changed and read:
@@ -901,7 +1036,9 @@ def _process_source(
             _ensure_not_too_large(path, size)
         result.original = source.text
         outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length, silenced)
-        result.findings, result.error = _in_cells(path, source.text, outcome.findings), outcome.error
+        # outside the cache: it depends on the other files of the project
+        findings = outcome.findings if outcome.error else outcome.findings + _training_elsewhere(source.text, plan, path, outcome.findings, silenced)
+        result.findings, result.error = _in_cells(path, source.text, sorted(findings)), outcome.error
         if outcome.error is not None:
             return result
         result.migrated = source.text if outcome.migrated is None else outcome.migrated

@@ -10,7 +10,8 @@ from typing import Optional
 
 from accelmigrate.codemods import DEFAULT_WORDS, all_codemods, find, parse_words
 from accelmigrate.engine import (
-    CODEMOD_FAILED, ENGINE_CODES, NOT_IN_NOTEBOOK, UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK, UNUSED_MARK,
+    CODEMOD_FAILED, ENGINE_CODES, NOT_IN_NOTEBOOK, TRAINER_LOOP, TRAINING_ELSEWHERE, UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK,
+    UNUSED_MARK,
 )
 
 if False:  # for the annotations only: importing the base class imports LibCST
@@ -45,6 +46,20 @@ ENGINE_ADVICE = {
         "A code-specific skip mark (`# accelmigrate: skip[AM101]`) silenced no finding on its line (or, for "
         "`skip-file[...]`, in the file) in this run of its codemod: the code it guarded against is gone. Remove "
         "the code from the mark, or the whole mark. Only the codes of the codemods that ran are checked.",
+    ),
+    TRAINING_ELSEWHERE: (
+        "warning",
+        "A word that acts on a training step (amp, ddp, accelerate, fabric, accumulate, fsdp) found none in this "
+        "file: it builds things and hands them to a module of the project (a `Solver`, an `engine.train_one_epoch`) "
+        "that trains. Nothing here was changed for that word. Run the same words on the module named (`accelmigrate "
+        "check --to WORDS MODULE.py`) and migrate the training there, keeping in mind what this file hands it.",
+    ),
+    TRAINER_LOOP: (
+        "warning",
+        "A word that acts on a training step found none in this file: a third-party library's trainer (Lightning's "
+        "`Trainer.fit`, the Hugging Face `Trainer`, Ignite, fastai, ...) runs the loop, where no codemod can reach. "
+        "Nothing here was changed for that word. That library has its own switches for mixed precision, several "
+        "GPUs and data loading; the finding names them.",
     ),
 }
 

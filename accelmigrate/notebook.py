@@ -232,6 +232,15 @@ def _newline_of(line: str) -> str:
 # --- back into the cells -----------------------------------------------------------------
 
 
+def cell_marker_lines(source: str) -> list[tuple[int, int]]:
+    """(line, 1-based; the cell's index in `cells`) of each cell marker in a joint source."""
+    return [
+        (number, int(match.group(1)))
+        for number, line in enumerate(source.splitlines(keepends=True), 1)
+        if (match := _CELL_MARKER_LINE.fullmatch(line))
+    ]
+
+
 def _split_cells(migrated: str, cells: tuple[CodeCell, ...]) -> list[str]:
     """MIGRATED cut at the cell markers into each cell's new text, IPython lines restored."""
     lines = migrated.splitlines(keepends=True)
@@ -247,8 +256,16 @@ def _split_cells(migrated: str, cells: tuple[CodeCell, ...]) -> list[str]:
         body = lines[markers[position] + 1 : ends[position]]
         if position == 0:  # what a codemod put before the first marker (imports) opens the first cell
             body = lines[: markers[0]] + body
+        if not _opens_blank(cell.text):  # the blank lines after a line the migration removed (an import)
+            while body and _opens_blank(body[0]):
+                body = body[1:]
         texts.append(_restore_ipython("".join(body), cell))
     return texts
+
+
+def _opens_blank(text: str) -> bool:
+    """The text's first line is blank (an empty cell opens with none)."""
+    return bool(text) and not text.splitlines()[0].strip()
 
 
 def _restore_ipython(text: str, cell: CodeCell) -> str:

@@ -16,10 +16,11 @@ siblings in a scratch folder:
   parses      the output parses (each code cell of a notebook);
   idempotent  a second run over the output changes nothing;
   no manual   no finding is left but notes;
-  silent      the words changed nothing and said nothing, not even a note,
-              on a script that trains: the user would believe it migrated
-              (not counted for the default words, which have nothing to say
-              where a script already loads and logs well);
+  silent      the word that acts on the training (amp for checklist and fast,
+              ddp, accelerate, fabric) changed nothing and said nothing, not
+              even a note, on a script that trains: the user would believe it
+              migrated (not counted for the default words, which may rightly
+              find nothing to do where a script already loads and logs well);
 then the codes left, counted in scripts. An entry whose own code does not
 parse (Python 2) is left out and counted apart.
 
@@ -63,22 +64,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reach import MULTI_PROCESS, notes_of_every_codemod, parity_on_two, plan_for, top_codes  # noqa: E402
 
-from accelmigrate.engine import process_file  # noqa: E402
+from accelmigrate.engine import NOT_IN_NOTEBOOK, process_file  # noqa: E402
 from accelmigrate.notebook import is_notebook, parse_notebook  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "real_corpus.tsv"
 RUN_SHIM = HERE / "corpus_run"
 COLUMNS = ("repo", "commit", "entry", "siblings", "args", "kind", "era", "data", "note")
-# name -> (words, whether the migrated copy computes what the original does in one CPU process)
-# The default words may rightly change nothing; every other set has something to do on a training script.
+# name -> (words, whether the migrated copy computes what the original does in
+# one CPU process, the words whose silence counts: those that act on the training)
 WORD_SETS = {
-    "default": ("modernize,workers,item,empty-cache", True),
-    "checklist": ("checklist", True),  # amp computes in float32 on a CPU
-    "ddp": ("ddp", True),  # a world of one draws the original's order
-    "accelerate": ("accelerate", True),
-    "fabric": ("fabric", True),
-    "fast": ("fast", False),  # compile and fused kernels change the last bits
+    "default": ("modernize,workers,item,empty-cache", True, ()),  # may rightly find nothing to do
+    "checklist": ("checklist", True, ("amp",)),  # amp computes in float32 on a CPU
+    "ddp": ("ddp", True, ("ddp",)),  # a world of one draws the original's order
+    "accelerate": ("accelerate", True, ("accelerate",)),
+    "fabric": ("fabric", True, ("fabric",)),
+    "fast": ("fast", False, ("amp",)),  # compile and fused kernels change the last bits
 }
 STEP_CAP = 3
 RUN_TIMEOUT_S = 240
@@ -191,6 +192,7 @@ class Migration:
     changed: bool = False
     left: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     noted: frozenset = frozenset()
+    spoke: frozenset = frozenset()  # the words that changed or reported something
 
     @property
     def no_manual_step(self) -> bool:
@@ -198,8 +200,7 @@ class Migration:
 
     @property
     def silent(self) -> bool:
-        quiet = not self.wrong and not self.changed and not self.left and not self.noted
-        return quiet and self.words != "default"
+        return not self.wrong and any(word not in self.spoke for word in WORD_SETS[self.words][2])
 
 
 def parses(path: Path, text: str) -> str:
@@ -212,6 +213,15 @@ def parses(path: Path, text: str) -> str:
     except Exception as error:  # SyntaxError, or a notebook's cell that does not parse
         return f"output does not parse: {error}"
     return ""
+
+
+def words_of(finding) -> list[str]:
+    """The words a finding speaks for: its own, and for the notebook note
+    (AM001) every word it names as not applied in a notebook."""
+    if finding.code == NOT_IN_NOTEBOOK:
+        named = finding.message.split(": ", 1)[-1].split(" (", 1)[0]
+        return [finding.word, *(w.strip() for w in named.split(","))]
+    return [finding.word]
 
 
 def own_code_parses(entry: Entry, checkout: Path) -> bool:
@@ -241,6 +251,7 @@ def migrate(entry: Entry, name: str, checkout: Path, folder: Path, notes: frozen
     done.copy, done.changed = copy, result.changed
     done.left = collections.Counter(f.code for f in unfixed if f.code not in notes)
     done.noted = frozenset(f.code for f in unfixed if f.code in notes)
+    done.spoke = frozenset(word for f in result.findings for word in words_of(f))
     return done
 
 
@@ -264,7 +275,7 @@ def migrate_entry(job: tuple[Entry, Path, list[str], Path]) -> list[Migration]:
 
 @dataclasses.dataclass
 class Run:
-    reached: bool  # the cap of optimizer steps, or the script's own end after at least one step
+    reached: bool  # the cap of optimizer steps, or the script's own clean end after at least one step
     checksum: Optional[float] = None
     why: str = ""
 
@@ -285,16 +296,38 @@ def run_copy(script: Path, args: tuple[str, ...], data: str) -> Run:
     )
     try:
         done = subprocess.run(
-            [sys.executable, script.name, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+            [sys.executable, runnable(script).name, *args], cwd=script.parent, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
         return Run(False, why=f"timed out after {RUN_TIMEOUT_S} s")
-    if report.is_file():
-        steps, checksum = report.read_text().split()
-        if int(steps) > 0:
-            return Run(True, float(checksum))
     last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return Run(False, why=f"exit {done.returncode}: {last[:160]}" if done.returncode else "no optimizer step")
+    if done.returncode != 0:  # a failure after some steps is a failure: the report was written at exit
+        return Run(False, why=f"exit {done.returncode}: {last[:160]}")
+    steps, checksum = report.read_text().split() if report.is_file() else ("0", "nan")
+    return Run(True, float(checksum)) if int(steps) > 0 else Run(False, why="no optimizer step")
+
+
+def runnable(script: Path) -> Path:
+    """The file `python` runs: a notebook's code cells as a script beside it
+    (its IPython lines inert), any other script itself."""
+    if not is_notebook(str(script)):
+        return script
+    cells = script.with_name(f".corpus-run-{script.stem}.py")
+    cells.write_text(parse_notebook(script.read_text(encoding="utf-8"), str(script)).source, encoding="utf-8")
+    return cells
+
+
+def why_not_reached(ran: dict) -> str:
+    """The originals that did not reach the cap, counted by their last error's
+    kind (a missing module by its name), a time-out, or no optimizer step."""
+    kinds = collections.Counter()
+    for outcome in ran.values():
+        if not outcome.original.reached:
+            why = outcome.original.why
+            text = why.split(": ", 1)[1] if why.startswith("exit ") and ": " in why else why
+            kind = text.partition(": ")[0]
+            kinds[text if kind == "ModuleNotFoundError" else kind] += 1
+    return ", ".join(f"{kind} {n}" for kind, n in kinds.most_common(12)) or "-"
 
 
 def same_checksum(before: Run, after: Run) -> bool:
@@ -369,7 +402,7 @@ def per_entry(migrations: list[Migration], names: list[str]) -> str:
 
 def problems(migrations: list[Migration], ran: dict, parity: dict) -> list[str]:
     found = [f"- {m.entry.name} `{m.words}`: {m.wrong}" for m in migrations if m.wrong]
-    found += [f"- {m.entry.name} `{m.words}`: silent (changed nothing, said nothing)" for m in migrations if m.silent]
+    found += [f"- {m.entry.name} `{m.words}`: silent ({', '.join(WORD_SETS[m.words][2])} changed nothing, said nothing)" for m in migrations if m.silent]
     for name, outcome in sorted(ran.items()):
         for words, after in outcome.copies.items():
             if outcome.original.reached and not after.reached:
@@ -427,6 +460,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.run:
         reached = sum(r.original.reached for r in ran.values())
         print(f"\n--run: {len(ran)} entries run offline, {reached} originals reached {STEP_CAP} optimizer steps")
+        print(f"the others stopped at: {why_not_reached(ran)}")
     if args.codes:
         print()
         print(per_entry(migrations, names))

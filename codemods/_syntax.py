@@ -149,3 +149,28 @@ def has_star_args(call: cst.Call) -> bool:
 
 
 __all__ = ["CLIP_GRAD_FUNCTIONS", "children", "code_of", "dotted_name", "has_star_args", "is_docstring", "is_main_guard", "keyword_arg", "parent_map", "times_or_divided", "walk"]
+
+
+def in_place_of(replaced: cst.CSTNode, replacement: cst.CSTNode) -> cst.CSTNode:
+    """`replacement`, standing where `replaced` stood: an expression keeps the
+    parentheses that `replaced` was written with. They may be all that
+    separates it from a keyword (`elif(x):`, `return(x)`), and around a whole
+    expression they never change what it means."""
+    written_with = getattr(replaced, "lpar", None)
+    if (
+        written_with
+        and replacement is not replaced
+        and isinstance(replacement, cst.BaseExpression)
+        and not getattr(replacement, "lpar", None)
+        and hasattr(replacement, "lpar")
+    ):
+        return replacement.with_changes(lpar=replaced.lpar, rpar=replaced.rpar)
+    return replacement
+
+
+def without_parentheses(argument: cst.BaseExpression) -> cst.BaseExpression:
+    """A whole call argument needs no parentheses of its own (a generator
+    expression keeps them: it needs them beside other arguments)."""
+    if getattr(argument, "lpar", None) and not isinstance(argument, cst.GeneratorExp):
+        return argument.with_changes(lpar=[], rpar=[])
+    return argument

@@ -239,6 +239,7 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from ._base import dotted_name, keyword_arg
+from ._syntax import in_place_of
 from ._options import ddp_batch_mode
 from ._ddp.common import RUNTIME, CannotMigrate, Edit, Insertion, Step, take_leading
 from ._ddp.decisions import RankDecisions
@@ -262,6 +263,7 @@ ADDED_NAMES = {
     "world_size": RUNTIME,
     "per_process_batch_size": RUNTIME,
     "barrier": RUNTIME,
+    "main_process_first": RUNTIME,
     "rank_local_buffers": RUNTIME,
     "rank_zero_decides": RUNTIME,
     "sum_gradients_across_ranks": "accelmigrate.runtime.gradients",
@@ -283,7 +285,7 @@ ONE_FINDING_PER_FILE = {
     ),
 }
 # Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
-ADDED_WHERE_NEEDED = frozenset({"barrier", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
+ADDED_WHERE_NEEDED = frozenset({"barrier", "main_process_first", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
 
 
 class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry, ImportedTrainingLoop):
@@ -483,7 +485,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         updated_node = super().on_leave(original_node, updated_node)
         edit = self._edits.get(original_node)
         if edit is not None and not isinstance(updated_node, cst.RemovalSentinel):
-            updated_node = edit(updated_node)
+            updated_node = in_place_of(updated_node, edit(updated_node))
         return updated_node
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:

@@ -200,6 +200,7 @@ from ._device.backend import BackendPlans
 from ._device.legacy import LegacyTypePlans
 from ._device.per_process import PerProcessPlans
 from ._device.placement import Placement
+from ._syntax import in_place_of
 from ._device.syntax import after_docstring_and_future, binding_line, is_import_line, runtime_import_line, unwrap
 from ._device.values import DeviceValues
 from .script.device_facts import device_facts
@@ -517,7 +518,7 @@ class Device(DeviceValues, StringComparisons, Placement, CallPlans, PerProcessPl
         updated_node = super().on_leave(original_node, updated_node)
         edit = self._edits.get(original_node)
         if edit is not None:
-            return edit(updated_node)
+            return in_place_of(updated_node, edit(updated_node))
         return updated_node
 
     def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:

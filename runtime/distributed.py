@@ -316,6 +316,24 @@ def barrier() -> None:
         dist.barrier()
 
 
+@contextlib.contextmanager
+def main_process_first() -> Iterator[None]:
+    """`with main_process_first():` around a download into a shared folder
+    (`datasets.MNIST(root, download=True)`): rank 0 runs the block first, then
+    the first process of each other node (a disk of its own), then the rest,
+    who find the files there. Every rank must enter it; a world of one just
+    runs the block."""
+    if not _in_group():
+        yield
+        return
+    turn = 0 if dist.get_rank() == 0 else 1 if env.local_rank() == 0 else 2
+    for _ in range(turn):
+        dist.barrier()
+    yield
+    for _ in range(2 - turn):
+        dist.barrier()
+
+
 def rank_zero_decides(condition: object) -> bool:
     """Rank 0's truth value of `condition`, on every rank: a loop that leaves
     on a value each rank computes for itself (its own loss, a metric) leaves

@@ -474,3 +474,107 @@ def test_a_deeply_nested_notebook_is_that_files_not_json_error(tmp_path: Path):
     path.write_text('{"cells": ' + "[" * 100_000 + "]" * 100_000 + ', "nbformat": 4}', encoding="utf-8")
     result = process_file(str(path), DEFAULT_PLAN, write=True)
     assert result.error is not None and "not JSON" in result.error and "internal error" not in result.error
+
+
+# --- a change at a cell's boundary stays within its cell ------------------------------------------
+# The marker that opens a cell sits in the comment lines above the cell's first
+# statement: a codemod that removes that statement, or wraps it with statements
+# of the cell before, would take the boundary with it.
+
+OPENED_BY_AN_IMPORT = notebook(
+    code(lines("import torch\nfrom torch import nn\nnet = nn.Linear(4, 2)\n# ready to train"), 1),
+    code(lines("from torch.autograd import Variable"), 2),
+    markdown(["Train a few steps"]),
+    code(lines(
+        "from torch.autograd import Variable\n\nfor step in range(3):\n"
+        "    sample = Variable(torch.randn(8, 4))\n    out = net(sample)\n    print(out.data[0])"
+    ), 3),
+    code(lines("%matplotlib inline\nfrom torch.autograd import Variable\nprobe = Variable(torch.ones(1, 4))"), 4),
+)
+
+
+def sources(path: Path) -> list:
+    return [cell["source"] for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]]
+
+
+def assert_settled(path: Path, plan) -> None:
+    """The migrated notebook parses cell by cell, and a second run changes nothing."""
+    parse_notebook(path.read_text(encoding="utf-8"))  # each cell must parse on its own
+    before = path.read_bytes()
+    again = process_file(str(path), plan, write=True)
+    assert (again.error, again.changed, again.written, path.read_bytes()) == (None, False, False, before)
+
+
+def test_an_import_removed_from_the_top_of_a_cell_leaves_each_cell_its_own_code(tmp_path: Path):
+    path = saved(tmp_path, OPENED_BY_AN_IMPORT)
+    plan = [("modernize", {})]
+    result = process_file(str(path), plan, write=True)
+    assert result.error is None and result.written
+    assert sources(path) == [
+        ["import torch\n", "from torch import nn\n", "net = nn.Linear(4, 2)\n", "# ready to train"],  # its last comment stays
+        [],  # the cell held the import alone
+        ["Train a few steps"],
+        ["for step in range(3):\n", "    sample = torch.randn(8, 4)\n", "    out = net(sample)\n", "    print(out.data[0])"],
+        ["%matplotlib inline\n", "probe = torch.ones(1, 4)"],
+    ]
+    assert [(f.cell, f.line, f.code) for f in result.findings] == [(4, 4, "AM221"), (5, 3, "AM221")]
+    assert_settled(path, plan)
+
+
+def one_step_notebook(first_lines="import torch\nfrom torch import nn\n", features="torch.randn(8, 4)"):
+    return notebook(
+        code(lines(first_lines + "net = nn.Linear(4, 2)\noptimizer = torch.optim.SGD(net.parameters(), lr=0.1)\nloss_fn = nn.MSELoss()"), 1),
+        markdown(["One batch by hand"]),
+        code(lines(f"features = {features}\ngoals = torch.randn(8, 2)\n# shapes are checked below"), 2),
+        code(lines("guess = net(features)\nprint(guess.shape)"), 3),
+        code(lines("# how far off\nerror = loss_fn(guess, goals)\nerror.backward()\noptimizer.step()"), 4),
+    )
+
+
+def test_an_autocast_region_takes_in_only_statements_of_its_own_cell(tmp_path: Path):
+    original = one_step_notebook()
+    path = saved(tmp_path, original)
+    plan = [("amp", {})]
+    result = process_file(str(path), plan, write=True)
+    assert result.error is None and result.written
+    migrated = sources(path)
+    assert "".join(migrated[0]) == (
+        "import torch\nfrom accelmigrate.runtime.precision import autocast_dtype, grad_scaler\nfrom torch import nn\n\n"
+        'amp_dtype = autocast_dtype("cpu")\nnet = nn.Linear(4, 2)\noptimizer = torch.optim.SGD(net.parameters(), lr=0.1)\n'
+        'scaler = grad_scaler("cpu", amp_dtype)\nloss_fn = nn.MSELoss()'
+    )
+    assert migrated[1:4] == [cell["source"] for cell in original["cells"][1:4]]  # the forward's cells as they were
+    assert "".join(migrated[4]) == (
+        "# how far off\n"
+        'with torch.autocast(\n    device_type="cpu", dtype=amp_dtype, enabled=amp_dtype != torch.float32\n):\n'
+        "    error = loss_fn(guess, goals)\n"
+        "scaler.scale(error).backward()\nscaler.step(optimizer)\nscaler.update()"
+    )
+    assert [(f.cell, f.code) for f in result.findings] == [(5, "AM401")]
+    assert_settled(path, plan)
+
+
+def test_a_codemod_that_would_move_code_across_cells_is_a_finding_and_the_others_still_migrate(tmp_path: Path, monkeypatch):
+    from accelmigrate.codemods._amp import regions
+
+    monkeypatch.setattr(regions, "starts_cell", lambda statement: False)  # amp's region as if cells were one script
+    path = saved(tmp_path, one_step_notebook(
+        "import torch\nfrom torch import nn\nfrom torch.autograd import Variable\n", "Variable(torch.randn(8, 4))"
+    ))
+    plan = [("modernize", {}), ("amp", {})]
+    result = process_file(str(path), plan, write=True)
+    assert result.error is None and result.written
+    migrated = ["".join(source) for source in sources(path)]
+    assert "Variable" not in "".join(migrated) and "features = torch.randn(8, 4)\n" in migrated[2]  # modernize applied
+    assert "autocast" not in "".join(migrated) and "scaler" not in "".join(migrated)  # amp left out entirely
+    failed = [f for f in result.findings if f.code == "AM000"]
+    assert [(f.word, f.cell, f.fixed) for f in failed] == [("amp", 3, False)]
+    assert "across notebook cells" in failed[0].message
+    assert not any(f.word == "amp" and f.fixed for f in result.findings)
+    parse_notebook(path.read_text(encoding="utf-8"))
+
+
+def test_a_percent_cell_marker_above_a_removed_import_stays_in_a_script():
+    script = "import torch\n# %% training\n# old autograd\nfrom torch.autograd import Variable\nx = Variable(torch.ones(2))\n"
+    migrated = migrate_source(script, [("modernize", {})]).code
+    assert migrated == "import torch\n# %% training\nx = torch.ones(2)\n"

@@ -123,7 +123,7 @@ def test_the_table_counts_applied_left_and_silent(snapshot, capsys):
     # ddp on a file that trains nothing changes nothing and says nothing: silent
     assert rows["`default`"][:6] == ["2", "2", "2", "2", "2 (100%)", "0"]
     assert rows["`ddp`"][:4] + rows["`ddp`"][5:6] == ["2", "2", "2", "2", "1"]
-    assert "- someone/toy:hello.py `ddp`: silent (changed nothing, said nothing)" in out
+    assert "- someone/toy:hello.py `ddp`: silent (ddp changed nothing, said nothing)" in out
     assert "| someone/toy:src/train.py | tabular | full |" in out
 
 
@@ -163,3 +163,17 @@ def test_the_run_shim_caps_the_steps_and_writes_a_checksum(tmp_path):
     """))
     run = corpus.run_copy(script, (), "synthetic")
     assert run.reached and run.checksum is not None, run.why
+
+
+def test_a_run_that_fails_after_a_step_has_not_reached_the_cap(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        raise IndexError("a pre-0.4 loss.data[0] after the first step")
+    """))
+    run = corpus.run_copy(script, (), "synthetic")
+    assert not run.reached and run.why.startswith("exit 1: IndexError"), run.why

@@ -26,15 +26,38 @@ _TORCHVISION_OPS = None  # kept alive: the library's definitions last as long as
 
 
 def _generated(name, channels, side, classes):
-    """A stand-in for torchvision.datasets.NAME: a small FakeData with the
-    real one's shape, taking (and ignoring) its arguments."""
-    from torchvision.datasets import FakeData
+    """A stand-in for torchvision.datasets.NAME: GENERATED_ITEMS random images
+    of the real one's shape and kind, with the attributes scripts read
+    (`data`, `targets`, `classes`, and the old `train_data`/`train_labels`),
+    taking (and ignoring) its other arguments."""
+    import numpy
+    import torch
+    from PIL import Image
 
-    class Generated(FakeData):
+    class Generated(torch.utils.data.Dataset):
         def __init__(self, root=None, train=True, transform=None, target_transform=None, download=False, **_):
-            super().__init__(GENERATED_ITEMS, (channels, side, side), classes, transform, target_transform, random_offset=0 if train else 1)
+            draws = torch.Generator().manual_seed(0 if train else 1)
+            shape = (GENERATED_ITEMS, side, side) if channels == 1 else (GENERATED_ITEMS, side, side, channels)
+            images = torch.randint(0, 256, shape, generator=draws, dtype=torch.uint8)
+            labels = torch.randint(0, classes, (GENERATED_ITEMS,), generator=draws)
+            # as torchvision keeps them: MNIST-like sets as tensors, the others as numpy and lists
+            self.data, self.targets = (images, labels) if channels == 1 else (images.numpy(), labels.tolist())
+            self.train_data = self.test_data = self.data
+            self.train_labels = self.test_labels = self.labels = self.targets
             self.classes = [str(c) for c in range(classes)]
-            self.targets = [int(self[i][1]) for i in range(GENERATED_ITEMS)] if transform is None else None
+            self.transform, self.target_transform = transform, target_transform
+
+        def __len__(self):
+            return GENERATED_ITEMS
+
+        def __getitem__(self, index):
+            image = Image.fromarray(numpy.asarray(self.data[index]), mode="L" if channels == 1 else "RGB")
+            target = int(self.targets[index])
+            if self.transform is not None:
+                image = self.transform(image)
+            if self.target_transform is not None:
+                target = self.target_transform(target)
+            return image, target
 
     Generated.__name__ = name
     return Generated

@@ -54,7 +54,7 @@ class Bindings:
         same_scope = self.facts.scope_of(dtype.after) is self.facts.scope_of(after)
         if same_scope and self.order(after) < self.order(dtype.after):
             after = dtype.after  # the device is bound after the optimizer: the scaler follows the dtype
-        elif not (same_scope and device.kind == "attr") and self.device_at(after) is not device:
+        elif not (same_scope and device.kind == "attr") and not self.same_device(self.device_at(after), device):
             raise Problem(site, "AM413", "the device binding is out of reach where the optimizer is built: bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer by hand")
         after = self.dominating(after, uses)
         for use in uses:
@@ -63,6 +63,15 @@ class Bindings:
         owner = self.owner_at(after) if ref.kind == "attr" else None
         name = self.free_name(ref, SCALER_NAMES, [p.site for p in group] + [after])
         return Binding(ref.kind, name, after, owner, f"{self.runtime_name('grad_scaler')}({self.device_text(device, after)}, {dtype.text(self.owner_at(after))})")
+
+    def same_device(self, here: Optional[Ref], device: Ref) -> bool:
+        """`here` is `device`, or a parameter that every call in the file
+        passes `device` itself (`Trainer(model, optimizer, device)` builds
+        the optimizer's scaler in `__init__`, the step reads the global)."""
+        if here is device:
+            return True
+        passed = self.passed.get(here.key) if here is not None and here.kind == "param" else None
+        return passed is not None and bool(passed[1]) and all(source is device for _, source in passed[1])
 
     def scaler_uses(self, ref: Ref, group: list) -> list:
         """Where the code of `ref`'s scope first needs the scaler: each place

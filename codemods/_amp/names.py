@@ -203,6 +203,8 @@ class Resolution:
             kind = self.value_kind(binding.statement.value) if line is not None else None
             if kind == "unknown" and "device" in kinds and self.device_value(binding.statement.value, line):
                 kind = "device"
+            if kind == "unknown" and "optimizer" in kinds and self.optimizer_handed_in(binding.statement.value, line):
+                kind = "optimizer"  # `self.optimizer = optimizer` of a parameter that every caller passes an optimizer
             if line is not None and "device" in kinds and binding.node in self.string_device_nodes():
                 kind = "device"  # a string that names it: autocast reads `torch.device(device).type`
             if kind in transparent:
@@ -406,6 +408,22 @@ class Resolution:
             if self.is_instance_attribute(name, site):
                 return self.resolve_ref(value, site, ("device",)) is not None
             return self.device_named(name, site) is not None
+        finally:
+            self.resolving.discard(key)
+
+    def optimizer_handed_in(self, value: cst.BaseExpression, site: cst.CSTNode) -> bool:
+        """`optimizer` in `self.optimizer = optimizer` (in `__init__`, or any
+        method): a parameter of the method that every call in the file
+        passes an optimizer traced to its constructor (never None: a scaler
+        bound next to it would step nothing)."""
+        if not isinstance(value, cst.Name) or self.method_owner(site) is None:
+            return False
+        key = ("optimizer", id(site))
+        if key in self.resolving:
+            return False
+        self.resolving.add(key)
+        try:
+            return self.passed_in(value.value, site, self.optimizer_passed, 0) is not None
         finally:
             self.resolving.discard(key)
 

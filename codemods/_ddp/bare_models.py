@@ -379,13 +379,23 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                     isinstance(node, cst.Call)
                     and isinstance(node.func, cst.Attribute)
                     and node.func.attr.value in ("parameters", "named_parameters")
-                ):
-                    root = self._root_var(node.func.value)
+                ) or self._held_by_model(node):
+                    root = self._root_var(node.func.value if isinstance(node, cst.Call) else node.value)
                     for var in self._instances_of_factory_method(root, optimizer) if root is not None else ():
                         models[var] = None
                         if passed_at is not None:  # make_optimizer(name, model.parameters(), lr)
                             self._made_at(var, passed_at)
         return list(models)
+
+    def _held_by_model(self, node: cst.CSTNode) -> bool:
+        """`model.params1` in a parameter group: parameters a model of the
+        script keeps in an attribute of its own (a list it built from its layers)."""
+        return (
+            isinstance(node, cst.Attribute)
+            and isinstance(node.value, cst.Name)
+            and node.attr.value not in ("parameters", "named_parameters")
+            and self.script.is_model(node.value)
+        )
 
     def _made_at(self, model: Var, call: cst.Call) -> None:
         if self._made_by_method is None:
@@ -404,7 +414,7 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                 if isinstance(n, cst.Name) and n.value not in seen
             ]
             seen.update(n.value for n, _ in names)
-            pending = [(value, at) for name, at in names for value in self._assigned_values(name)]
+            pending = [(value, at) for name, at in names for value in self._values_flowing_into(name)]
             pending += [passed for name, at in names if at is None for passed in self._passed_for(name)]
             found.extend(pending)
         return found

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import libcst as cst
 
 from .._base import append_keyword_args, dotted_name, keyword_arg
+from .._syntax import without_parentheses
 
 RUNTIME = "accelmigrate.runtime.distributed"
 Edit = Callable[[cst.CSTNode], cst.CSTNode]
@@ -80,7 +81,7 @@ def last_name(node: cst.BaseExpression) -> str:
 
 
 def call_of(name: str, *args: cst.BaseExpression) -> cst.Call:
-    return cst.Call(func=cst.Name(name), args=[cst.Arg(a) for a in args])
+    return cst.Call(func=cst.Name(name), args=[cst.Arg(without_parentheses(a)) for a in args])
 
 
 def keyword_of(arg: cst.Arg) -> Optional[str]:

@@ -140,6 +140,7 @@ class LoaderSharding(LoaderKwargsSharding):
                 self._use("per_process_batch_size")
             if hoisted is not None:
                 statement = cst.parse_statement(f"{hoisted} = {self._code(dataset.value)}{self._module.default_newline}", config=self._config)
+                statement = self._download_first_if_needed(dataset.value, statement)
                 self._before.setdefault(line, []).append(Insertion(statement, take_leading="all"))
             self._edits[call] = lambda updated: self._rewrite_loader(updated, sampler_code, hoisted)
 

@@ -60,12 +60,86 @@ REMOVED_PATH = {
 class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
     """Plans the rank-0 guards, hidden bars and barriers."""
 
+    def _plan_download_first(self, call: cst.Call) -> None:
+        """A data set downloaded where every rank builds it: rank 0 downloads
+        first, the others then find the files (`with main_process_first():`).
+        Only where every rank reaches the statement alike (its barriers need
+        them all); elsewhere the finding says what to do."""
+        statement = self._statement_holding(call)
+        if statement is not None and self._within_main_process_first(statement):
+            return  # migrated already
+        if not self._plans_download_first(call):
+            self.report(
+                call, "AM528",
+                "`download=True` runs on every rank at once, into the same folder: download the data once "
+                "before launching (or wrap the statement in `with main_process_first():` from "
+                "accelmigrate.runtime.distributed, where every rank reaches it)",
+            )
+            return
+
+        def apply() -> None:
+            self._use("main_process_first")
+            # a training loader's data set is hoisted into a statement of its own, which downloads first instead
+            self._edits[statement] = lambda updated: updated if call in self._downloads_hoisted else _main_process_first(updated)
+
+        self._step(
+            call, "AM528",
+            "`with main_process_first():` around the download: rank 0 downloads first, the other ranks then find "
+            "the files instead of writing the same folder at once",
+            apply,
+        )
+
+    def _download_first_if_needed(self, dataset: cst.BaseExpression, statement: cst.SimpleStatementLine) -> cst.BaseStatement:
+        """The statement that a training loader's data set is hoisted into,
+        under `with main_process_first():` if that data set downloads."""
+        downloads = [n for n in walk(dataset) if isinstance(n, cst.Call) and _downloads(n)]
+        if not downloads or not all(self._plans_download_first(n) for n in downloads):
+            return statement
+        self._downloads_hoisted.update(downloads)
+        return _main_process_first(statement)
+
+    def _plans_download_first(self, call: cst.Call) -> bool:
+        statement = self._statement_holding(call)
+        return statement is not None and not self._within_main_process_first(statement) and self._reached_by_every_rank(statement)
+
+    def _statement_holding(self, node: cst.CSTNode) -> Optional[cst.SimpleStatementLine]:
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, cst.SimpleStatementLine):
+                return ancestor
+            if isinstance(ancestor, (cst.BaseCompoundStatement, cst.Lambda, cst.BaseComp)):
+                return None  # a download in a condition, a lambda or a comprehension
+        return None
+
+    def _reached_by_every_rank(self, statement: cst.CSTNode) -> bool:
+        """Code of a function or the module that every rank runs alike: no
+        loop or `try` between the statement and its function (whose calls
+        every rank makes as the original did), and only conditions that are
+        the same on every rank (`if args.dataset == "mnist":`)."""
+        for ancestor in self.ancestors(statement):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Module)):
+                return True
+            if isinstance(ancestor, cst.If) and self._same_on_every_rank(ancestor.test):
+                continue
+            if not isinstance(ancestor, (cst.IndentedBlock, cst.With, cst.Else)):
+                return False
+        return False
+
+    def _within_main_process_first(self, statement: cst.CSTNode) -> bool:
+        return any(
+            isinstance(a, cst.With) and any(
+                isinstance(item.item, cst.Call) and self.is_call_to(item.item, {f"{RUNTIME}.main_process_first"})
+                for item in a.items
+            )
+            for a in self.ancestors(statement)
+        )
+
     def _plan_rank_zero_output(self, models: list[Var]) -> None:
         self._loggers = loggers = self._logger_references()
         self._work: Optional[list[cst.Call]] = None
         self._reads: Optional[list[tuple[cst.Call, str]]] = None
         self._rank_zero_work: set[cst.Call] = set()
         self._barrier_after_planned: set[cst.CSTNode] = set()
+        self._downloads_hoisted: set[cst.Call] = set()  # downloads in a hoisted data set, which downloads first
         # Where a model is called under any name: its forward may broadcast buffers.
         self._model_references = {r for model in models for r, _ in self._followed_references(model)}
         written: list[tuple[cst.CSTNode, cst.BaseExpression]] = []  # (what rank 0 alone writes, the file)
@@ -74,11 +148,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             if self.is_call_to(node, TQDM):
                 self._plan_tqdm(node)
             elif _downloads(node):
-                self.report(
-                    node, "AM528",
-                    "`download=True` runs on every rank at once, into the same folder: download the data once "
-                    "before launching (or on rank 0, then `barrier()` on every rank before the others read it)",
-                )
+                self._plan_download_first(node)
             elif self.is_call_to(node, SUMMARY_WRITERS):
                 writers.append(node)
             elif self.is_call_to(node, WANDB_INIT):
@@ -407,6 +477,16 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
                 return False
             child = ancestor
         return True
+
+
+def _main_process_first(statement: cst.CSTNode) -> cst.With:
+    """`with main_process_first():` around `statement`, where it stood."""
+    inner = statement.with_changes(leading_lines=[])
+    return cst.With(
+        items=[cst.WithItem(cst.parse_expression("main_process_first()"))],
+        body=cst.IndentedBlock(body=[inner]),
+        leading_lines=statement.leading_lines,
+    )
 
 
 def _downloads(call: cst.Call) -> bool:

@@ -85,6 +85,27 @@ class ScriptQueries(Codemod):
             if b.kind == "assign" and isinstance(b.statement, cst.Assign) and b.value is not None
         ]
 
+    def _values_flowing_into(self, name: cst.Name) -> list[cst.BaseExpression]:
+        """What `name` may hold: its plain assignments, what is appended to or
+        extended into it (`biases.append(param)`), and, for a loop target, the
+        loop's iterable (`for name, param in model.named_parameters():`)."""
+        values = self._assigned_values(name)
+        bindings = self.script.bindings_of(name.value, name)
+        values += [b.statement.iter for b in bindings if b.kind == "for" and isinstance(b.statement, cst.For)]
+        lists = any(  # only a list is appended to: `plain = []`, `decay, plain = [], []`
+            _builds_a_list(b.value) if b.value is not None else isinstance(b.statement, cst.Assign) and any(
+                _builds_a_list(e.value) for e in getattr(b.statement.value, "elements", ())
+            )
+            for b in bindings if b.kind == "assign"
+        )
+        var = self._var_of(name) if lists else None
+        for reference in self._references(var) if var is not None else ():
+            method = self.parent(reference)
+            call = self.parent(method) if isinstance(method, cst.Attribute) else None
+            if isinstance(call, cst.Call) and call.func is method and method.attr.value in ("append", "extend", "insert"):
+                values += [a.value for a in call.args[-1:]]
+        return values
+
     def _followed_references(self, var: Var, depth: int = 0, path: tuple = ()) -> Iterator[tuple[cst.CSTNode, list]]:
         """References to `var`, and to the parameters of the script's own
         functions it is passed to: (reference, [(call, argument), ...])."""
@@ -300,3 +321,9 @@ def detached_where_made(script: ScriptModel, call: cst.Call) -> bool:
         else:
             return False
 
+
+def _builds_a_list(value: cst.BaseExpression) -> bool:
+    """`[]`, `[a, b]` or `list()`: a list the code goes on to fill."""
+    return isinstance(value, cst.List) or (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "list" and not value.args
+    )

@@ -187,9 +187,10 @@ class AmpFacts:
     def places(self, node: cst.CSTNode) -> bool:
         """`node` places something on a device, names a device, or asks for one."""
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in _PLACING_METHODS:
-            return not (node.func.attr.value == "to" and self._only_casts(node))
+            return not (node.func.attr.value == "to" and (self._only_casts(node) or _cpu_only_arguments(node)))
         if isinstance(node, cst.Arg):
-            return node.keyword is not None and node.keyword.value in _PLACING_KEYWORDS
+            # `map_location="cpu"`, `device="cpu"`: names the CPU, places nothing elsewhere
+            return node.keyword is not None and node.keyword.value in _PLACING_KEYWORDS and not _is_cpu_string(node.value)
         if isinstance(node, cst.SimpleString):
             text = node.evaluated_value
             return isinstance(text, str) and text.startswith(_ACCELERATOR_STRINGS)
@@ -248,3 +249,15 @@ def amp_facts(model: ScriptModel) -> AmpFacts:
 
 
 __all__ = ["AmpFacts", "amp_facts"]
+
+
+def _is_cpu_string(value: cst.BaseExpression) -> bool:
+    """The literal "cpu": the device a script computes on when it names no other."""
+    return isinstance(value, cst.SimpleString) and value.evaluated_value == "cpu"
+
+
+def _cpu_only_arguments(call: cst.Call) -> bool:
+    """`x.to("cpu")`, `x.to("cpu", torch.float32)`: a move to the CPU, and casts."""
+    return any(not arg.keyword and _is_cpu_string(arg.value) for arg in call.args[:1]) and all(
+        arg.keyword is None or arg.keyword.value in _CAST_KEYWORDS for arg in call.args
+    )

@@ -1,0 +1,168 @@
+"""Where a script's training runs when the script itself holds no training
+step: a first-party module it imports, directly or through other modules of
+the project (files beside it or in a folder above it, never site-packages),
+or a third-party library's trainer (Lightning, the Hugging Face Trainer, ...).
+
+Real training code is a project: `main.py` parses the arguments and hands
+them to a `Solver` in `solver.py`, or calls `engine.train_one_epoch`, or
+gives a LightningModule to `Trainer.fit`. A word that acts on a training
+step (amp, ddp, accelerate, ...) finds nothing to do in such a `main.py`;
+left at that, it would change nothing and say nothing, and the user would
+believe the script migrated. The engine then reports where the training is
+(AM005 for a module of the project, AM006 for a library's trainer, with
+that library's own switch), so the next step is plain.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+from pathlib import Path
+from typing import Iterator, Optional
+
+from accelmigrate.codemods.script.precheck import SourceFacts, precheck
+
+# Folders above the script searched for an imported module's file: a script
+# in `tools/` or `src/pkg/` imports from the project's root.
+PARENT_LEVELS = 3
+# How far through the project's imports the training is looked for, and how
+# many of its modules are read at most (each costs one `ast.parse`).
+MAX_DEPTH = 4
+MAX_MODULES = 80
+# A module is read only if it is of a size a hand-written training module has.
+MAX_MODULE_BYTES = 2 * 2**20
+# Third-party trainers that run the loop themselves: the qualified name a
+# script uses -> (the library, its own switches for what the words do).
+TRAINERS = {
+    "pytorch_lightning": ("PyTorch Lightning", "`Trainer(precision=\"16-mixed\" or \"bf16-mixed\", accelerator=\"gpu\", devices=N, strategy=\"ddp\")`"),
+    "lightning.pytorch": ("Lightning", "`Trainer(precision=\"16-mixed\" or \"bf16-mixed\", accelerator=\"gpu\", devices=N, strategy=\"ddp\")`"),
+    "lightning.Trainer": ("Lightning", "`Trainer(precision=\"16-mixed\" or \"bf16-mixed\", accelerator=\"gpu\", devices=N, strategy=\"ddp\")`"),
+    "transformers.Trainer": ("the Hugging Face Trainer", "`TrainingArguments(fp16=True or bf16=True, dataloader_num_workers=N)`, launched with `torchrun` or `accelerate launch` for several GPUs"),
+    "transformers.Seq2SeqTrainer": ("the Hugging Face Trainer", "`Seq2SeqTrainingArguments(fp16=True or bf16=True, dataloader_num_workers=N)`, launched with `torchrun` or `accelerate launch` for several GPUs"),
+    "ignite.engine": ("PyTorch Ignite", "`create_supervised_trainer(..., amp_mode=\"amp\", scaler=True)` and `ignite.distributed.Parallel` for several GPUs"),
+    "fastai": ("fastai", "`learn.to_fp16()` and `learn.distrib_ctx()` launched with `accelerate launch` for several GPUs"),
+    "pytorch_tabnet": ("pytorch-tabnet", "its `device_name=` and `num_workers=` arguments of `fit`; it has no mixed precision or multi-GPU switch"),
+    "skorch": ("skorch", "`NeuralNet(device=\"cuda\")`, and skorch's `AccelerateMixin` for mixed precision and several GPUs"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """Where the training runs: `file` is None for a third-party trainer."""
+
+    line: int  # of the import in the script that leads there
+    column: int
+    module: str  # as the script names it (`solver`, `.engine`)
+    file: Optional[Path] = None  # the project's module that trains
+    trainer: str = ""  # the library whose trainer runs the loop (TRAINERS' key)
+
+
+def where_training_runs(source: str, path: str) -> list[Where]:
+    """The modules of the project that hold a training step, reached from the
+    script's imports (nearest first), or else the third-party trainer the
+    script, or a module it reaches, hands its training to."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    script = Path(path)
+    trainer = _trainer_in(precheck(source))
+    trainers = [Where(*_first_import(tree, trainer), trainer, trainer=trainer)] if trainer else []
+    if not script.is_file():  # an editor's buffer, stdin: nothing to look beside
+        return trainers
+    start = script.resolve()
+    found, seen = [], {start}
+    queue = collections.deque((node, module, file, 1) for node, module, file in _imported_files(tree, start.parent))
+    while queue and len(seen) < MAX_MODULES:
+        node, module, file, depth = queue.popleft()
+        if file in seen:
+            continue
+        seen.add(file)
+        facts, imported = _read(file)
+        if facts is None:
+            continue
+        if facts.backward_calls:
+            found.append(Where(node.lineno, node.col_offset + 1, module, file))
+            continue
+        library = _trainer_in(facts)
+        if library and not trainers:
+            trainers.append(Where(node.lineno, node.col_offset + 1, module, file, library))
+        if depth < MAX_DEPTH:
+            queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(imported, file.parent))
+    return found or trainers
+
+
+def _read(file: Path) -> tuple[Optional[SourceFacts], Optional[ast.Module]]:
+    try:
+        if file.stat().st_size > MAX_MODULE_BYTES:
+            return None, None
+        text = file.read_text(encoding="utf-8")
+        return precheck(text), ast.parse(text)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None, None  # a module that cannot be read is no evidence either way
+
+
+def _trainer_in(facts: SourceFacts) -> str:
+    names = facts.references | facts.imported_modules
+    return next((key for key in TRAINERS if any(n == key or n.startswith(key + ".") for n in names)), "")
+
+
+def _first_import(tree: ast.Module, module: str) -> tuple[int, int, str]:
+    """(line, column, name) of the first import of `module`'s package."""
+    package = module.split(".")[0]
+    for node, name in _imports(tree):
+        if name.split(".")[0] == package:
+            return node.lineno, node.col_offset + 1, name
+    return 1, 1, module
+
+
+def _imported_files(tree: Optional[ast.Module], folder: Path) -> Iterator[tuple[ast.stmt, str, Path]]:
+    if tree is None:
+        return
+    for node, module in _imports(tree):
+        file = _module_file(module, folder)
+        if file is not None:
+            yield node, module, file
+
+
+def _imports(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
+    """(statement, module) for each module an import statement names; a
+    `from pkg import name` also names `pkg.name`, which may be a module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            if node.module:
+                yield node, base
+            for alias in node.names:
+                if alias.name != "*":
+                    yield node, f"{base}.{alias.name}" if node.module else base + alias.name
+
+
+def _module_file(module: str, folder: Path) -> Optional[Path]:
+    """The file of `module` in the script's project: relative imports from
+    the importing file's package, absolute ones from its folder or a folder
+    up to PARENT_LEVELS above it."""
+    level = len(module) - len(module.lstrip("."))
+    parts = [p for p in module.lstrip(".").split(".") if p]
+    if not parts:
+        return None
+    if level:
+        ancestors = [folder, *folder.parents]
+        bases = [ancestors[level - 1]] if level - 1 < len(ancestors) else []
+    else:
+        bases = [folder, *list(folder.parents)[:PARENT_LEVELS]]
+    for base in bases:
+        stem = base.joinpath(*parts)
+        for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
+            if candidate.is_file() and not _installed(candidate):
+                return candidate.resolve()
+    return None
+
+
+def _installed(file: Path) -> bool:
+    """An installed package (a virtual environment beside the script) is not the project."""
+    return any(part in ("site-packages", "dist-packages") for part in file.parts)
