@@ -164,3 +164,24 @@ def test_a_library_trainer_in_a_module_of_the_project(tmp_path):
     })
     found = [f for f in _findings(project / "run.py", "fabric").findings if f.code == TRAINER_LOOP]
     assert len(found) == 1 and "the Hugging Face Trainer runs the training loop (through `engine`, imported here)" in found[0].message
+
+
+def test_torch_read_from_a_star_import_is_not_imported_again():
+    """A file that reads `torch` from `from config import *`: a codemod that
+    writes `torch.compile` adds no `import torch` (the file has it already):
+    an import added would let the next run resolve the file's own
+    `torch.no_grad()`, and migrate it further (not idempotent)."""
+    import libcst as cst
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    from accelmigrate.engine import add_imports
+
+    def with_torch_wanted(source: str) -> str:
+        context = CodemodContext()
+        AddImportsVisitor.add_needed_import(context, "torch")
+        return add_imports(context, cst.parse_module(source)).code
+
+    assert "import torch" not in with_torch_wanted("from config import *\n\nx = torch.zeros(2)\n")
+    assert "import torch" in with_torch_wanted("from config import *\n\nx = 1\n")  # no torch read: imported
+    assert "import torch" in with_torch_wanted("import numpy\n\nx = numpy.zeros(2)\n")

@@ -23,6 +23,7 @@ from .._base import (
 from ..script import vocabulary as v
 from ..script.devices import DEVICE_STRINGS
 from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
+from ..script.steps import ITERATION_WRAPPERS
 from ..script.uses import uses_of
 from ..script.workers_facts import workers_facts
 from .common import (
@@ -469,6 +470,10 @@ class Planner:
             last_binding = max(last_binding, *positions)
         for loader in self.training_loaders:
             self._check_loader(loader)
+        for step in steps:
+            for loop in step.loops:
+                if loop.loader is not None:
+                    self._refuse_wrapper_before_prepare(loop, last_binding)
         listed = ", ".join(names)
         anchor = self.body[last_binding]
         self.plan.after.setdefault(anchor, []).append(statement(f"{listed} = {ACCELERATOR}.prepare({listed})", self.config))
@@ -476,6 +481,23 @@ class Planner:
         self.prepared_at = last_binding
         self.model_names = set(model_names)
         return set(model_names)
+
+    def _refuse_wrapper_before_prepare(self, loop, last_binding: int) -> None:
+        """`progress_bar = tqdm(train_loader)` iterated by the training loop must wrap the prepared loader: made
+        after `prepare` (in the epoch loop, or in a function the entry point calls), not before it."""
+        iterable = loop.node.iter
+        while isinstance(iterable, cst.Call) and iterable.args and self.codemod.is_call_to(iterable, ITERATION_WRAPPERS):
+            iterable = iterable.args[0].value
+        if not isinstance(iterable, cst.Name) or iterable.value == loop.loader.name:
+            return
+        for binding in self.script.bindings_of(iterable.value, iterable):
+            top = self.entry_statement(binding.node)
+            if top is None or self.body.index(top) <= last_binding:
+                raise CannotMigrate(
+                    binding.node, "AM820",
+                    f"`{iterable.value}` wraps `{loop.loader.name}` before the loader can be prepared: accelerate changed "
+                    f"nothing; make `{iterable.value}` where the training loop starts, then run accelerate again",
+                )
 
     def _check_loader(self, loader) -> None:
         call = loader.value
@@ -596,6 +618,9 @@ class Planner:
             line = self._own_statement(call)
             if line is None:
                 raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` inside a larger statement: accelerate changed nothing; give it a line of its own, then run accelerate again")
+            if call in writes and isinstance(line, cst.SimpleStatementLine) and not isinstance(line.body[0], cst.Expr):
+                # `log = open(path, "w")` under the guard leaves `log` unbound on the other processes, which use it.
+                raise CannotMigrate(call, "AM826", f"`{code_of(line.body[0])}` binds a file that only the main process would open, and the other processes would still use the name: accelerate changed nothing; write within `with open(...) as f:` blocks (or open it on the main process and guard each use) by hand, then run accelerate again")
             if self.codemod.is_suppressed(line, "AM808"):
                 continue
             if call in saves:

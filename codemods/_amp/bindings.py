@@ -197,7 +197,7 @@ class Bindings:
         """What autocast's `device_type=` reads: `device.type`, or "cpu"."""
         if device.kind == CPU:
             return CPU_TEXT
-        if self.is_string_device(device):
+        if self.is_string_device(device) or not self.is_device_object(device):
             return f"{self.torch}.device({self.device_text(device, site)}).type"
         return f"{self.device_text(device, site)}.type"
 

@@ -360,6 +360,42 @@ class Resolution:
         nodes = self.string_device_nodes()
         return any(isinstance(line, cst.SimpleStatementLine) and any(n in nodes for n in walk(line)) for line in ref.bindings)
 
+    def is_device_object(self, ref: Ref, depth: int = 0) -> bool:
+        """Every binding of `ref` provably holds a `torch.device` (built by
+        `torch.device(...)` or `get_device()`, or read from a tensor's or
+        parameter's `.device`); for a parameter, what every caller passes
+        does. Anything else (an attribute set from an argument, a default
+        string) may be a string, whose type `torch.device(x).type` reads alike."""
+        if ref.kind == "param":
+            passed = self.passed.get(ref.key)
+            return passed is not None and depth < 4 and all(self.is_device_object(source, depth + 1) for _, source in passed[1])
+        if ref.key in self.model_devices:
+            return True  # bound by amp itself: `next(model.parameters()).device`
+        values = [self._bound_value(line) for line in ref.bindings]
+        return bool(values) and all(value is not None and self._makes_device_object(value, depth) for value in values)
+
+    @staticmethod
+    def _bound_value(line: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], (cst.Assign, cst.AnnAssign)):
+            return line.body[0].value
+        return None
+
+    def _makes_device_object(self, value: cst.BaseExpression, depth: int = 0) -> bool:
+        if isinstance(value, cst.IfExp):
+            return self._makes_device_object(value.body, depth) and self._makes_device_object(value.orelse, depth)
+        if isinstance(value, cst.BooleanOperation):  # `device or torch.device("cpu")`
+            return self._makes_device_object(value.left, depth) and self._makes_device_object(value.right, depth)
+        if isinstance(value, cst.Name) and value.value == "None":
+            return True  # the `or` above chooses the other side
+        if isinstance(value, cst.Name) and depth < 4:  # a parameter every caller passes a device to
+            ref = self.device_named(value.value, value, depth + 1) or self.passed_in(value.value, value, self.device_passed, depth + 1, optional=True)
+            return ref is not None and not self.is_string_device(ref) and self.is_device_object(ref, depth + 1)
+        if isinstance(value, cst.Attribute) and value.attr.value == "device":
+            return True  # `next(model.parameters()).device`, `x.device`
+        return self.value_kind(value) == "device" or isinstance(value, cst.Call) and bool(
+            self.qualified_names(value.func) & {"torch.device", "accelmigrate.runtime.device.get_device"}
+        )
+
     def device_names(self) -> list:
         """Names and `x.attr` spellings that the script binds a device to
         (`device` first), including those of the model's parameters."""

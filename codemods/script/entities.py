@@ -88,6 +88,7 @@ class Entities:
         self._star_dataloader = any(m in v.DATALOADER_MODULES for m in index.star_imports)
         self._looked_up = None  # while bindings are being classified, an answer may still be partial
         self._following = 0  # parameters being followed to their call sites
+        self._parameter_owners = self._optimized_parameter_owners()
         for scope in index.scopes:
             for bindings in scope.bindings.values():
                 for binding in bindings:
@@ -108,6 +109,8 @@ class Entities:
             return None
         self.by_binding[binding] = None  # against cycles (`a = b; b = a`)
         found = self.kind_of_value(binding.value, binding.scope)
+        if found is None and binding in self._parameter_owners and not self._known_elsewhere(binding):
+            found = self._module_made_elsewhere(binding.value, binding.scope)
         if found is None:
             del self.by_binding[binding]
             return None
@@ -158,6 +161,54 @@ class Entities:
             if inner is not None and inner[0] == "model":
                 return inner
         return None
+
+    def _optimized_parameter_owners(self) -> set:
+        """The bindings of each name `x` whose `x.parameters()` an optimizer is made from
+        (`Adam(vae.parameters())`, in param groups, `chain(...)` or a `filter`): only a module
+        has parameters an optimizer trains."""
+        owners: dict = {}
+        for scope in self.index.scopes:
+            for call in scope.calls:
+                if not any(v.makes_optimizer(q) for q in self.index.qualified_names(call.func)):
+                    continue
+                first = next((a for a in call.args if a.keyword is None and not a.star), None)
+                given = first or next((a for a in call.args if a.keyword is not None and a.keyword.value == "params"), None)
+                for node in walk(given.value) if given is not None else ():
+                    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "parameters" and not node.args):
+                        continue
+                    if isinstance(node.func.value, cst.Name):
+                        group = tuple(self.index.bindings_of(node.func.value.value, scope))
+                        owners.update((b, group) for b in group if b.kind == "assign")
+        return owners
+
+    def _known_elsewhere(self, binding: Binding) -> bool:
+        """An earlier binding of the same name is a model by what the file shows (`model = Net()`,
+        then `model = wrap(model)`): the model is known, and nothing is inferred. Only earlier ones:
+        what a codemod inserts later (`model = torch.compile(model)`) must not change the verdict,
+        or a second run would migrate otherwise."""
+        group = self._parameter_owners[binding]
+        return any(
+            other.value is not None and self.kind_of_value(other.value, other.scope) is not None
+            for other in group[: group.index(binding)]
+        )
+
+    def _module_made_elsewhere(self, value: cst.BaseExpression, scope: Scope) -> Optional[tuple]:
+        """("model", made_by, None) for a value whose parameters an optimizer trains, made by a call this
+        file cannot classify: a class imported from another module (`densenet.DenseNet(...)`, moved
+        with `.to(device)` or not), a function of the file returning one. Not a class of the file that
+        derives from nothing but `object`: that is plainly no module."""
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in v.SELF_RETURNING_MODULE_METHODS:
+            value = value.func.value
+        if not isinstance(value, cst.Call):
+            return None
+        if isinstance(value.func, cst.Name):
+            for binding in self.index.definitions_of(value.func.value, scope):
+                if binding.kind == "class" and not any(
+                    not (isinstance(b.value, cst.Name) and b.value.value == "object") for b in binding.node.bases
+                ):
+                    return None
+        names = sorted(self.index.qualified_names(value.func))
+        return "model", names[0] if names else (dotted_name(value.func) or "<call>"), None
 
     def _in_module_class(self, scope: Scope) -> bool:
         klass = scope.enclosing_class

@@ -30,7 +30,7 @@ LOCAL_RANK_FLAGS = frozenset({"--local_rank", "--local-rank"})
 DDP_ADDED_NAMES = frozenset(
     {
         "DistributedDataParallel", "SeededDistributedSampler", "barrier", "ddp_device_ids", "draw_rank_share",
-        "init_distributed", "is_distributed", "is_main_process", "per_process_batch_size", "rank_local_buffers",
+        "init_distributed", "is_distributed", "is_main_process", "main_process_first", "per_process_batch_size", "rank_local_buffers",
         "NullWriter", "rank_share", "rank_zero_decides", "sharded_loader_kwargs", "sum_gradients_across_ranks", "unwrap_model",
         "world_size",
     }

@@ -29,7 +29,7 @@ from .scopes import children as walk_children
 
 DETACHING = frozenset({"detach", "detach_", "item", "tolist", "numpy"})
 # Wrappers a loop's iterable is often built with around the loader itself.
-ITERATION_WRAPPERS = frozenset({"builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm"})
+ITERATION_WRAPPERS = frozenset({"builtins.enumerate", "builtins.iter", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.autonotebook.tqdm"})
 LoopNode = Union[cst.For, cst.While]
 
 
@@ -299,7 +299,26 @@ class Steps:
         while isinstance(iterable, cst.Call) and iterable.args and self.index.is_qualified(iterable.func, ITERATION_WRAPPERS):
             iterable = iterable.args[0].value
         entity = self._entity(iterable, scope)
+        if entity is None and isinstance(iterable, cst.Name):
+            return self._loader_through_wrapper(iterable.value, scope)
         return entity if entity is not None and entity.kind == "loader" else None
+
+    def _loader_through_wrapper(self, name: str, scope: Scope) -> Optional[Entity]:
+        """The loader of `progress_bar = tqdm(train_loader)` iterated as `enumerate(progress_bar)`: every binding
+        of the name in its scope wraps the same loader (a progress bar or iterator over it, made again each epoch)."""
+        bindings = self.index.bindings_of(name, scope)
+        found = set()
+        for binding in bindings:
+            value = binding.value if binding.kind == "assign" else None
+            if not (isinstance(value, cst.Call) and value.args and self.index.is_qualified(value.func, ITERATION_WRAPPERS)):
+                return None
+            while isinstance(value, cst.Call) and value.args and self.index.is_qualified(value.func, ITERATION_WRAPPERS):
+                value = value.args[0].value
+            entity = self._entity(value, binding.scope)
+            if entity is None or entity.kind != "loader":
+                return None
+            found.add(entity)
+        return found.pop() if len(found) == 1 else None
 
     # -- evaluation ------------------------------------------------------------------------
 
