@@ -301,6 +301,7 @@ def _run_one(
         codemod = cls(context, options, suppressions, rewrite=rewrite)
         tree = wrapper.visit(codemod)
         if rewrite and codemod.imports_changed:  # without `rewrite` the tree is not wanted
+            keep_star_imported_torch(context, wrapper.module)
             tree = add_imports(context, tree)
             if context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
                 tree = _import_remover(context).transform_module(tree)
@@ -386,27 +387,52 @@ def add_imports(context: "CodemodContext", tree: "cst.Module") -> "cst.Module":
     while end < len(tree.body) and _is_import_line(tree.body[end]):
         end += 1
     head = tree.with_changes(body=tree.body[: end + 1])
-    _keep_star_imported_torch(context, tree, AddImportsVisitor.CONTEXT_KEY)
     added = AddImportsVisitor(context).transform_module(head)
     return added.with_changes(body=[*added.body, *tree.body[end + 1 :]])
 
 
-def _keep_star_imported_torch(context: "CodemodContext", tree: "cst.Module", key: str) -> None:
-    """No `import torch` for a file that already reads `torch` from a star
-    import (`from data import *`): it runs as it is, and an import added
-    would make the next run see names it could not see in this one (the
-    file's `torch.no_grad()`), which would migrate it further: not idempotent."""
+def keep_star_imported_torch(context: "CodemodContext", before: "cst.Module") -> None:
+    """No `import torch` for a file that, before the codemod, already read
+    `torch` from a star import (`from data import *`): it runs as it is, and
+    an import added would make the next run see names it could not see in
+    this one (the file's `torch.no_grad()`), which would migrate it further:
+    not idempotent. Only the file's own reads count, never the codemod's."""
     import libcst as cst
-    import libcst.matchers as matchers
+    from libcst.codemod.visitors import AddImportsVisitor
 
+    key = AddImportsVisitor.CONTEXT_KEY
+    tree = before
     wanted = context.scratch.get(key, [])
     if not any(item.module == "torch" and item.obj_name is None and item.alias is None for item in wanted):
         return
     imports = [s.body[0] for s in tree.body if isinstance(s, cst.SimpleStatementLine) and s.body and isinstance(s.body[0], (cst.Import, cst.ImportFrom))]
     star = any(isinstance(i, cst.ImportFrom) and isinstance(i.names, cst.ImportStar) for i in imports)
     bound = any(isinstance(i, cst.Import) and any(a.evaluated_name == "torch" for a in i.names) for i in imports)
-    if star and not bound and matchers.findall(tree, matchers.Attribute(value=matchers.Name("torch"))):
+    if star and not bound and _reads_torch(tree):
         context.scratch[key] = [i for i in wanted if not (i.module == "torch" and i.obj_name is None and i.alias is None)]
+
+
+def _reads_torch(tree: "cst.Module") -> bool:
+    """`torch.x` read somewhere outside the import statements (whose module
+    names, `from torch.utils.data import *`, are no read of the name)."""
+    import libcst as cst
+
+    class Reads(cst.CSTVisitor):
+        found = False
+
+        def visit_Import(self, node) -> bool:
+            return False
+
+        def visit_ImportFrom(self, node) -> bool:
+            return False
+
+        def visit_Attribute(self, node) -> None:
+            if isinstance(node.value, cst.Name) and node.value.value == "torch":
+                Reads.found = True
+
+    reads = Reads()
+    tree.visit(reads)
+    return reads.found
 
 
 def __getattr__(name: str):

@@ -175,13 +175,17 @@ def test_torch_read_from_a_star_import_is_not_imported_again():
     from libcst.codemod import CodemodContext
     from libcst.codemod.visitors import AddImportsVisitor
 
-    from accelmigrate.engine import add_imports
+    from accelmigrate.engine import add_imports, keep_star_imported_torch
 
-    def with_torch_wanted(source: str) -> str:
+    def with_torch_wanted(before: str, after: str) -> str:
+        """`after` (a codemod's output) with the imports it asked for, `before` the file it read."""
         context = CodemodContext()
         AddImportsVisitor.add_needed_import(context, "torch")
-        return add_imports(context, cst.parse_module(source)).code
+        keep_star_imported_torch(context, cst.parse_module(before))
+        return add_imports(context, cst.parse_module(after)).code
 
-    assert "import torch" not in with_torch_wanted("from config import *\n\nx = torch.zeros(2)\n")
-    assert "import torch" in with_torch_wanted("from config import *\n\nx = 1\n")  # no torch read: imported
-    assert "import torch" in with_torch_wanted("import numpy\n\nx = numpy.zeros(2)\n")
+    star = "from config import *\n\n"
+    assert "import torch" not in with_torch_wanted(star + "x = torch.zeros(2)\n", star + "x = torch.compile(torch.zeros(2))\n")
+    # the torch read is the codemod's own: the star import may not bring torch, so it is imported
+    assert "import torch" in with_torch_wanted(star + "x = 1\n", star + "x = torch.cuda.is_available()\n")
+    assert "import torch" in with_torch_wanted("import numpy\n\nx = numpy.zeros(2)\n", "import numpy\n\nx = torch.zeros(2)\n")
