@@ -49,6 +49,7 @@ from accelmigrate.formatting import black_format, configured_line_length, fit_ch
 from accelmigrate.import_order import first_party_layout, place_new_imports
 from accelmigrate.notebook import NotebookError, cell_marker_lines, is_notebook, parse_notebook
 from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
+from accelmigrate.training_elsewhere import TRAINER_LOOP, TRAINING_ELSEWHERE, training_findings
 
 SUPPRESSION_MARK = "accelmigrate:"
 # `skip`, `skip[AM101]`, `skip [AM101, AM201]`, `skip[AM101 AM201]`; not `skipped`;
@@ -90,10 +91,8 @@ NOTES = frozenset({NOT_IN_NOTEBOOK})
 UNKNOWN_CODE_IN_MARK = "AM002"
 UNKNOWN_CODE_IN_CONFIG = "AM003"
 UNUSED_MARK = "AM004"
-# A word that acts on a training step found none in the file, whose training
-# runs in a module of the project it imports (accelmigrate/training_elsewhere.py).
-TRAINING_ELSEWHERE = "AM005"
-TRAINER_LOOP = "AM006"  # ... or in a third-party library's trainer
+# Words that act on a training step: where one finds none in a file, it says
+# where the training runs (AM005, AM006: accelmigrate/training_elsewhere.py).
 TRAINING_WORDS = frozenset({"amp", "ddp", "accelerate", "fabric", "accumulate", "fsdp"})
 # The engine's own codes, with their titles (`accelmigrate explain AM004`).
 ENGINE_CODES = {
@@ -312,11 +311,6 @@ def _run_one(
     return tree, codemod.findings, codemod.changes_anything()
 
 
-# A cell marker: `# %% [accelmigrate cell N]` in a notebook's joint source
-# (notebook.py), `# %%` in a percent-format script.
-CELL_MARKER_PREFIX = "# %%"
-
-
 def _import_remover(context: "CodemodContext"):
     """LibCST's RemoveImportsVisitor, except that an import line it removes
     leaves behind the cell markers above it: LibCST drops a removed line's
@@ -369,7 +363,9 @@ def _import_remover(context: "CodemodContext"):
 
 def _through_last_marker(lines) -> list:
     """The comment lines above a statement up to its last cell marker; none without one."""
-    marks = [n for n, line in enumerate(lines) if line.comment is not None and line.comment.value.startswith(CELL_MARKER_PREFIX)]
+    from accelmigrate.codemods._syntax import is_cell_marker
+
+    marks = [n for n, line in enumerate(lines) if is_cell_marker(line)]
     return list(lines[: marks[-1] + 1]) if marks else []
 
 
@@ -401,15 +397,15 @@ def keep_star_imported_torch(context: "CodemodContext", before: "cst.Module") ->
     from libcst.codemod.visitors import AddImportsVisitor
 
     key = AddImportsVisitor.CONTEXT_KEY
-    tree = before
     wanted = context.scratch.get(key, [])
-    if not any(item.module == "torch" and item.obj_name is None and item.alias is None for item in wanted):
+    torch = [item for item in wanted if item.module == "torch" and item.obj_name is None and item.alias is None]
+    if not torch:
         return
-    imports = [s.body[0] for s in tree.body if isinstance(s, cst.SimpleStatementLine) and s.body and isinstance(s.body[0], (cst.Import, cst.ImportFrom))]
+    imports = [s.body[0] for s in before.body if isinstance(s, cst.SimpleStatementLine) and s.body and isinstance(s.body[0], (cst.Import, cst.ImportFrom))]
     star = any(isinstance(i, cst.ImportFrom) and isinstance(i.names, cst.ImportStar) for i in imports)
     bound = any(isinstance(i, cst.Import) and any(a.evaluated_name == "torch" for a in i.names) for i in imports)
-    if star and not bound and _reads_torch(tree):
-        context.scratch[key] = [i for i in wanted if not (i.module == "torch" and i.obj_name is None and i.alias is None)]
+    if star and not bound and _reads_torch(before):
+        context.scratch[key] = [item for item in wanted if item not in torch]
 
 
 def _reads_torch(tree: "cst.Module") -> bool:
@@ -418,7 +414,9 @@ def _reads_torch(tree: "cst.Module") -> bool:
     import libcst as cst
 
     class Reads(cst.CSTVisitor):
-        found = False
+        def __init__(self) -> None:
+            super().__init__()
+            self.found = False
 
         def visit_Import(self, node) -> bool:
             return False
@@ -428,7 +426,7 @@ def _reads_torch(tree: "cst.Module") -> bool:
 
         def visit_Attribute(self, node) -> None:
             if isinstance(node.value, cst.Name) and node.value.value == "torch":
-                Reads.found = True
+                self.found = True
 
     reads = Reads()
     tree.visit(reads)
@@ -509,45 +507,17 @@ def migrate_source(
 
 
 def _training_elsewhere(source: str, plan: Plan, path: str, findings: list[Finding], silenced: frozenset) -> list[Finding]:
-    """AM005 or AM006 where the words that act on a training step changed and
-    said nothing because the file holds none: its training runs in a module of
-    the project it imports, or in a library's trainer. A word never changes
-    nothing silently."""
+    """Where the words that act on a training step changed and said nothing,
+    where the training runs instead (accelmigrate/training_elsewhere.py):
+    a word never changes nothing silently."""
     quiet = [word for word, _ in plan if word in TRAINING_WORDS and not any(f.word == word for f in findings)]
     if not quiet:
         return []
-    from accelmigrate.training_elsewhere import TRAINERS, where_training_runs
-
     try:
         source = parse_notebook(source, path).source if is_notebook(path) else source
-        if _cpython_facts(source, path, walk=True).backward_calls:
-            return []  # the words had their say on it
-    except (MigrationError, NotebookError):
+    except NotebookError:
         return []
-    found = where_training_runs(source, path)
-    if not found:
-        return []
-    first, words = found[0], ",".join(quiet)
-    if first.trainer and TRAINER_LOOP not in silenced:
-        library, switches = TRAINERS[first.trainer]
-        through = f" (through `{first.module}`, imported here)" if first.file else ""
-        return [Finding(
-            first.line, first.column, TRAINER_LOOP,
-            f"no training step in this file: {library} runs the training loop{through}, so {words} changed nothing "
-            f"here. Use that library's own switches instead: {switches}",
-            False, quiet[0],
-        )]
-    if first.trainer or TRAINING_ELSEWHERE in silenced:
-        return []
-    where = os.path.relpath(first.file, Path(path).resolve().parent)
-    others = f" (also in {', '.join(f'`{m.module}`' for m in found[1:4])})" if len(found) > 1 else ""
-    return [Finding(
-        first.line, first.column, TRAINING_ELSEWHERE,
-        f"no training step in this file: the training runs in `{where}` (reached through `{first.module}`, imported "
-        f"here){others}, so {words} changed nothing here. Migrate the training where it lives: `accelmigrate check "
-        f"--to {words} {where}` says what that module needs, with the model, optimizer and loaders this file hands it",
-        False, quiet[0],
-    )]
+    return training_findings(source, path, quiet, silenced)
 
 
 def _mark_findings(source: str, plan: Plan, used: frozenset, silenced: frozenset) -> list[Finding]:

@@ -18,11 +18,15 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import os
 from pathlib import Path
 from typing import Iterator, Optional
 
-from accelmigrate.codemods.script.precheck import SourceFacts, precheck
+from accelmigrate.codemods._finding import Finding
+from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
 
+TRAINING_ELSEWHERE = "AM005"  # engine codes: engine.ENGINE_CODES has their titles, explain.py their advice
+TRAINER_LOOP = "AM006"
 # Folders above the script searched for an imported module's file: a script
 # in `tools/` or `src/pkg/` imports from the project's root.
 PARENT_LEVELS = 3
@@ -58,16 +62,51 @@ class Where:
     trainer: str = ""  # the library whose trainer runs the loop (TRAINERS' key)
 
 
-def where_training_runs(source: str, path: str) -> list[Where]:
+def training_findings(source: str, path: str, words: list[str], silenced: frozenset) -> list[Finding]:
+    """AM005 or AM006 for `words` (acting on a training step, they changed
+    and said nothing) where the file holds no backward of its own: the
+    training runs in a module of the project, or in a library's trainer."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    facts = facts_of(tree, source)
+    if facts.backward_calls:
+        return []  # the words had their say on it
+    found = where_training_runs(tree, facts, path)
+    if not found:
+        return []
+    first, listed = found[0], ",".join(words)
+    if first.trainer:
+        if TRAINER_LOOP in silenced:
+            return []
+        library, switches = TRAINERS[first.trainer]
+        through = f" (through `{first.module}`, imported here)" if first.file else ""
+        return [Finding(
+            first.line, first.column, TRAINER_LOOP,
+            f"no training step in this file: {library} runs the training loop{through}, so {listed} changed nothing "
+            f"here. Use that library's own switches instead: {switches}",
+            False, words[0],
+        )]
+    if TRAINING_ELSEWHERE in silenced:
+        return []
+    where = os.path.relpath(first.file, Path(path).resolve().parent)
+    others = f" (also in {', '.join(f'`{m.module}`' for m in found[1:4])})" if len(found) > 1 else ""
+    return [Finding(
+        first.line, first.column, TRAINING_ELSEWHERE,
+        f"no training step in this file: the training runs in `{where}` (reached through `{first.module}`, imported "
+        f"here){others}, so {listed} changed nothing here. Migrate the training where it lives: `accelmigrate check "
+        f"--to {listed} {where}` says what that module needs, with the model, optimizer and loaders this file hands it",
+        False, words[0],
+    )]
+
+
+def where_training_runs(tree: ast.Module, facts: SourceFacts, path: str) -> list[Where]:
     """The modules of the project that hold a training step, reached from the
     script's imports (nearest first), or else the third-party trainer the
     script, or a module it reaches, hands its training to."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
     script = Path(path)
-    trainer = _trainer_in(precheck(source))
+    trainer = _trainer_in(facts)
     trainers = [Where(*_first_import(tree, trainer), trainer, trainer=trainer)] if trainer else []
     if not script.is_file():  # an editor's buffer, stdin: nothing to look beside
         return trainers
@@ -79,13 +118,13 @@ def where_training_runs(source: str, path: str) -> list[Where]:
         if file in seen:
             continue
         seen.add(file)
-        facts, imported = _read(file)
-        if facts is None:
+        imported, module_facts = _read(file)
+        if module_facts is None:
             continue
-        if facts.backward_calls:
+        if module_facts.backward_calls:
             found.append(Where(node.lineno, node.col_offset + 1, module, file))
             continue
-        library = _trainer_in(facts)
+        library = _trainer_in(module_facts)
         if library and not trainers:
             trainers.append(Where(node.lineno, node.col_offset + 1, module, file, library))
         if depth < MAX_DEPTH:
@@ -93,12 +132,13 @@ def where_training_runs(source: str, path: str) -> list[Where]:
     return found or trainers
 
 
-def _read(file: Path) -> tuple[Optional[SourceFacts], Optional[ast.Module]]:
+def _read(file: Path) -> tuple[Optional[ast.Module], Optional[SourceFacts]]:
     try:
         if file.stat().st_size > MAX_MODULE_BYTES:
             return None, None
         text = file.read_text(encoding="utf-8")
-        return precheck(text), ast.parse(text)
+        tree = ast.parse(text)
+        return tree, facts_of(tree, text)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None, None  # a module that cannot be read is no evidence either way
 

@@ -174,3 +174,18 @@ def without_parentheses(argument: cst.BaseExpression) -> cst.BaseExpression:
     if getattr(argument, "lpar", None) and not isinstance(argument, cst.GeneratorExp):
         return argument.with_changes(lpar=[], rpar=[])
     return argument
+
+
+# A cell marker opens a cell: `# %% [accelmigrate cell N]` in a notebook's
+# cells as the engine joins them, `# %%` in a percent-format script (Jupytext,
+# VS Code, Spyder). Each cell runs on its own.
+CELL_MARKER = "# %%"
+
+
+def is_cell_marker(line: cst.EmptyLine) -> bool:
+    return line.comment is not None and line.comment.value.startswith(CELL_MARKER)
+
+
+def starts_cell(statement: cst.CSTNode) -> bool:
+    """A cell marker is among the comment lines above the statement."""
+    return any(is_cell_marker(line) for line in getattr(statement, "leading_lines", ()))

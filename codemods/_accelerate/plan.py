@@ -23,7 +23,7 @@ from .._base import (
 from ..script import vocabulary as v
 from ..script.devices import DEVICE_STRINGS
 from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
-from ..script.steps import ITERATION_WRAPPERS
+from ..script.steps import ITERATION_WRAPPERS, within_wrappers
 from ..script.uses import uses_of
 from ..script.workers_facts import workers_facts
 from .common import (
@@ -485,9 +485,7 @@ class Planner:
     def _refuse_wrapper_before_prepare(self, loop, last_binding: int) -> None:
         """`progress_bar = tqdm(train_loader)` iterated by the training loop must wrap the prepared loader: made
         after `prepare` (in the epoch loop, or in a function the entry point calls), not before it."""
-        iterable = loop.node.iter
-        while isinstance(iterable, cst.Call) and iterable.args and self.codemod.is_call_to(iterable, ITERATION_WRAPPERS):
-            iterable = iterable.args[0].value
+        iterable = within_wrappers(loop.node.iter, lambda call: self.codemod.is_call_to(call, ITERATION_WRAPPERS))
         if not isinstance(iterable, cst.Name) or iterable.value == loop.loader.name:
             return
         for binding in self.script.bindings_of(iterable.value, iterable):

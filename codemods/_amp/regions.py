@@ -8,23 +8,9 @@ from typing import Optional
 import libcst as cst
 
 from .._base import CLIP_GRAD_FUNCTIONS, walk
+from .._syntax import starts_cell
 from ..script import vocabulary as v
 from .plan import APEX_MASTER_PARAMS, RUNTIME_DEVICE, MOVES, Backward, Block, Problem, Region, is_block, method_call
-
-
-# A cell marker (`# %%`: a notebook's cells as accelmigrate joins them, a
-# percent-format script's cells as Jupytext, VS Code and Spyder run them).
-CELL_MARKER = "# %%"
-
-
-def starts_cell(statement: cst.CSTNode) -> bool:
-    """The statement opens a cell: a cell marker is among the comment lines
-    above it. Each cell runs on its own, so a region (one `with` block)
-    never takes in statements of two cells."""
-    return any(
-        line.comment is not None and line.comment.value.startswith(CELL_MARKER)
-        for line in getattr(statement, "leading_lines", ())
-    )
 
 
 class Regions:
@@ -66,7 +52,7 @@ class Regions:
         first = last
         for position in range(last - 1, -1, -1):
             candidate = body[position]
-            if self.is_barrier(candidate) or starts_cell(body[position + 1]):
+            if self.is_barrier(candidate) or starts_cell(body[position + 1]):  # a region never spans two cells
                 break
             if self.binds(candidate) & needed:
                 contributors.add(position)

@@ -68,7 +68,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         statement = self._statement_holding(call)
         if statement is not None and self._within_main_process_first(statement):
             return  # migrated already
-        if not self._plans_download_first(call):
+        if statement is None or not self._reached_by_every_rank(statement):
             self.report(
                 call, "AM528",
                 "`download=True` runs on every rank at once, into the same folder: download the data once "

@@ -162,10 +162,10 @@ class Entities:
                 return inner
         return None
 
-    def _optimized_parameter_owners(self) -> set:
-        """The bindings of each name `x` whose `x.parameters()` an optimizer is made from
-        (`Adam(vae.parameters())`, in param groups, `chain(...)` or a `filter`): only a module
-        has parameters an optimizer trains."""
+    def _optimized_parameter_owners(self) -> dict:
+        """Each binding of a name `x` whose `x.parameters()` an optimizer is made from
+        (`Adam(vae.parameters())`, in param groups, `chain(...)` or a `filter`) -> all the
+        bindings of that name, in order: only a module has parameters an optimizer trains."""
         owners: dict = {}
         for scope in self.index.scopes:
             for call in scope.calls:

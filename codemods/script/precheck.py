@@ -124,7 +124,12 @@ class SourceFacts:
 
 def precheck(source: str) -> SourceFacts:
     """The facts of `source`; raises SyntaxError as `ast.parse` does."""
-    return _Walk(ast.parse(source)).facts(source)
+    return facts_of(ast.parse(source), source)
+
+
+def facts_of(tree: ast.Module, source: str) -> SourceFacts:
+    """The facts of `source` from its tree, parsed already."""
+    return _Walk(tree).facts(source)
 
 
 # -- the walk ---------------------------------------------------------------------------

@@ -33,6 +33,14 @@ ITERATION_WRAPPERS = frozenset({"builtins.enumerate", "builtins.iter", "tqdm.tqd
 LoopNode = Union[cst.For, cst.While]
 
 
+def within_wrappers(iterable: Optional[cst.BaseExpression], is_wrapper) -> Optional[cst.BaseExpression]:
+    """What `enumerate(tqdm(loader))` iterates over: `loader`, through every
+    call that `is_wrapper` says is an iteration wrapper (ITERATION_WRAPPERS)."""
+    while isinstance(iterable, cst.Call) and iterable.args and is_wrapper(iterable):
+        iterable = iterable.args[0].value
+    return iterable
+
+
 @dataclasses.dataclass(eq=False)
 class Loop:
     """A `for` or `while` loop; `loader` when it iterates over a DataLoader
@@ -296,8 +304,7 @@ class Steps:
         return Loop(node, self.lines, header, self._loader_of(node.iter, self.index.scope_of(node)))
 
     def _loader_of(self, iterable: cst.BaseExpression, scope: Scope) -> Optional[Entity]:
-        while isinstance(iterable, cst.Call) and iterable.args and self.index.is_qualified(iterable.func, ITERATION_WRAPPERS):
-            iterable = iterable.args[0].value
+        iterable = within_wrappers(iterable, lambda call: self.index.is_qualified(call.func, ITERATION_WRAPPERS))
         entity = self._entity(iterable, scope)
         if entity is None and isinstance(iterable, cst.Name):
             return self._loader_through_wrapper(iterable.value, scope)
@@ -310,11 +317,10 @@ class Steps:
         found = set()
         for binding in bindings:
             value = binding.value if binding.kind == "assign" else None
-            if not (isinstance(value, cst.Call) and value.args and self.index.is_qualified(value.func, ITERATION_WRAPPERS)):
+            inner = within_wrappers(value, lambda call: self.index.is_qualified(call.func, ITERATION_WRAPPERS))
+            if inner is value:  # not a wrapper
                 return None
-            while isinstance(value, cst.Call) and value.args and self.index.is_qualified(value.func, ITERATION_WRAPPERS):
-                value = value.args[0].value
-            entity = self._entity(value, binding.scope)
+            entity = self._entity(inner, binding.scope)
             if entity is None or entity.kind != "loader":
                 return None
             found.add(entity)
