@@ -207,6 +207,10 @@ common_options = [
     format_option("text", "json", "github", "sarif"),
     click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache (.accelmigrate_cache/)."),
     click.option("--show-notes", is_flag=True, help="Also show notes: findings that need no action (they never fail)."),
+    click.option(
+        "--no-follow-imports", "only_named", is_flag=True,
+        help="Only the files named: not the modules of the project that they import (by default migrated with them).",
+    ),
 ]
 
 SKIP_HELP = """\b
@@ -293,7 +297,7 @@ def with_common_options(function):
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
 @click.option("--show-fixes", is_flag=True, help="Also list each change made, at its line.")
-def apply(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, words, dry_run, show_fixes) -> None:
+def apply(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, only_named, words, dry_run, show_fixes) -> None:
     """Rewrite PATHS (files or folders) in place with the chosen codemods.
     With PATH `-`, read stdin and print the migrated text to stdout (the
     findings and the summary go to stderr)."""
@@ -307,6 +311,7 @@ def apply(paths, stdin_filename, select, ignore, exclude, jobs, output_format, n
     results = _run(
         files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length,
         cache_folder=_cache_folder(config, no_cache), codes=config.codes(),
+        follow_imports=not only_named, exclude=[*config.exclude, *exclude],
     )
     left = {r.path: lint.reported(r.findings, path=r.path, config=config, show_notes=show_notes, unfixed_only=True) for r in results}
     changed = [r for r in results if r.changed]
@@ -363,7 +368,7 @@ def _apply_stdin(name: str, plan, config: Config, reporter: Reporter, *, dry_run
 @with_common_options
 @click.option("--to", "words", metavar="WORDS", help=f"Only these codemods (default: {','.join(DEFAULT_WORDS)}, as apply).")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings (errors still exit 2).")
-def check(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, words, exit_zero) -> None:
+def check(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, only_named, words, exit_zero) -> None:
     """Report what to act on in PATHS, writing nothing (for CI and pre-commit).
     A fixable finding is marked [*], with the command that fixes it. PATH `-`
     reads the file's text from stdin (name it with --stdin-filename)."""
@@ -376,7 +381,10 @@ def check(paths, stdin_filename, select, ignore, exclude, jobs, output_format, n
         results = [_from_stdin(stdin_name, plan, config, check_only=True)]
     else:
         files, folder_errors = _files(paths, exclude, config, reporter)
-        results = _run(files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache), codes=config.codes())
+        results = _run(
+            files, plan, reporter, jobs=jobs, check_only=True, cache_folder=_cache_folder(config, no_cache), codes=config.codes(),
+            follow_imports=not only_named, exclude=[*config.exclude, *exclude],
+        )
     shown = {r.path: lint.reported(r.findings, path=r.path, config=config, show_notes=show_notes) for r in results}
     extra = {path: lint.reported(found, path=path, config=config) for path, found in _config_findings(config).items()}
     shown.update({path: found for path, found in extra.items() if found})

@@ -48,7 +48,8 @@ from accelmigrate.codemods.script.rules import words_that_may_apply
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
 from accelmigrate.import_order import first_party_layout, place_new_imports
 from accelmigrate.notebook import NotebookError, cell_marker_lines, is_notebook, parse_notebook
-from accelmigrate.sources import InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
+from accelmigrate.project import ProjectFiles
+from accelmigrate.sources import FileStamp, InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 from accelmigrate.training_elsewhere import TRAINER_LOOP, TRAINING_ELSEWHERE, training_findings
 
 SUPPRESSION_MARK = "accelmigrate:"
@@ -114,6 +115,10 @@ class FileResult:
     findings: list[Finding] = dataclasses.field(default_factory=list)
     error: Optional[str] = None
     written: bool = False
+    # How the file was read, so that a later write keeps its encoding and
+    # notices a concurrent save (see write_result).
+    encoding: str = dataclasses.field(default="utf-8", compare=False, repr=False)
+    read_as: Optional[FileStamp] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def changed(self) -> bool:
@@ -506,7 +511,9 @@ def migrate_source(
     return dataclasses.replace(migration, findings=sorted(migration.findings + extra)) if extra else migration
 
 
-def _training_elsewhere(source: str, plan: Plan, path: str, findings: list[Finding], silenced: frozenset) -> list[Finding]:
+def _training_elsewhere(
+    source: str, plan: Plan, path: str, findings: list[Finding], silenced: frozenset, covered: frozenset = frozenset()
+) -> list[Finding]:
     """Where the words that act on a training step changed and said nothing,
     where the training runs instead (accelmigrate/training_elsewhere.py):
     a word never changes nothing silently."""
@@ -517,7 +524,7 @@ def _training_elsewhere(source: str, plan: Plan, path: str, findings: list[Findi
         source = parse_notebook(source, path).source if is_notebook(path) else source
     except NotebookError:
         return []
-    return training_findings(source, path, quiet, silenced)
+    return training_findings(source, path, quiet, silenced, covered)
 
 
 def _mark_findings(source: str, plan: Plan, used: frozenset, silenced: frozenset) -> list[Finding]:
@@ -992,28 +999,38 @@ def process_file(
     cache: Optional[ResultCache] = None,
     line_length: Optional[int] = None,
     silenced: frozenset = frozenset(),
+    covered: frozenset = frozenset(),
 ) -> FileResult:
     """One file, start to end. Whatever goes wrong becomes this file's error
     (never the run's end); the file is then never written. With a `cache`
     (opened for this plan, mode and black settings), content seen before is
     answered from it. Inserted code is fitted to `line_length` (None: black's
-    configured length, else 88)."""
+    configured length, else 88). `covered`: the files (resolved) migrated
+    in the same run, whose training is not "elsewhere" (AM005)."""
     try:
         source = read_source(Path(path))
     except InputError as error:
         return FileResult(path, error=str(error))
-    result = _process_source(path, source, plan, check_only, black_config, cache, line_length, silenced)
+    result = _process_source(path, source, plan, check_only, black_config, cache, line_length, silenced, covered)
+    result.encoding, result.read_as = source.encoding, source.read_as
     if write and result.changed:
-        try:
-            write_atomically(Path(path), SourceText(result.migrated, source.encoding), replacing=source.read_as)
-            result.written = True
-        except InputError as error:
-            result.error = str(error)
-        except OSError as error:
-            result.error = f"{path}: cannot write: {error.strerror or error}"
-        except Exception as error:  # a bug, or an input nobody foresaw: this file only
-            result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
+        write_result(result)
     return result
+
+
+def write_result(result: FileResult) -> None:
+    """Write a changed result over its file, atomically and only if the file
+    is still as it was read; a failure becomes the result's error."""
+    path = result.path
+    try:
+        write_atomically(Path(path), SourceText(result.migrated, result.encoding), replacing=result.read_as)
+        result.written = True
+    except InputError as error:
+        result.error = str(error)
+    except OSError as error:
+        result.error = f"{path}: cannot write: {error.strerror or error}"
+    except Exception as error:  # a bug, or an input nobody foresaw: this file only
+        result.error = f"{path}: internal error, file left unchanged: {_describe(error)}"
 
 
 def process_text(
@@ -1043,6 +1060,7 @@ def _process_source(
     cache: Optional[ResultCache],
     line_length: Optional[int],
     silenced: frozenset = frozenset(),
+    covered: frozenset = frozenset(),
 ) -> FileResult:
     result = FileResult(path)
     try:
@@ -1052,7 +1070,7 @@ def _process_source(
         result.original = source.text
         outcome = _cached_outcome(source, path, cache, plan, check_only, black_config, line_length, silenced)
         # outside the cache: it depends on the other files of the project
-        findings = outcome.findings if outcome.error else outcome.findings + _training_elsewhere(source.text, plan, path, outcome.findings, silenced)
+        findings = outcome.findings if outcome.error else outcome.findings + _training_elsewhere(source.text, plan, path, outcome.findings, silenced, covered)
         result.findings, result.error = _in_cells(path, source.text, sorted(findings)), outcome.error
         if outcome.error is not None:
             return result
@@ -1228,57 +1246,113 @@ def process_files(
     cache_folder: Optional[Path] = None,
     line_length: Optional[int] = None,
     codes=None,
+    follow_imports: bool = False,
+    exclude: Sequence[str] = (),
 ) -> list[FileResult]:
     """Process many files, in worker processes when there are several; results
     come back in the order of `paths`. Before writing, temporary files that a
     killed run left next to them are removed. With `cache_folder`, results are
     kept there and files whose content was seen before are answered from it.
     `codes` (a config's `CodeSelection`): the codes each file's codemods
-    leave alone (not selected, ignored)."""
+    leave alone (not selected, ignored).
+
+    With `follow_imports`, the modules of the project that the files reach
+    (accelmigrate/project.py) are migrated with them, after them in the
+    results; a module without a training step of its own gets the words that
+    do not act on one (`exclude`: globs of modules left out). A file and
+    the modules it reaches are written all together or not at all."""
     jobs = jobs or os.cpu_count() or 1
     _classes(plan)  # an unknown word or option is the caller's error, raised before any file is read
-    cache = None
-    if cache_folder is not None:
-        settings = {
-            "plan": [[word, sorted(options.items())] for word, options in plan],
-            "check": check_only,
-            "black": black_config,
-            "line_length": line_length,
-        }
-        cache = ResultCache.open(cache_folder, settings)
-    kwargs = dict(check_only=check_only, write=write, black_config=black_config, cache=cache, line_length=line_length)
+    project = ProjectFiles.of(paths, exclude) if follow_imports else ProjectFiles(list(paths), {}, frozenset())
+    paths = project.files
+    caches: dict[str, Optional[ResultCache]] = {}
+
+    def file_kwargs(path: str) -> tuple[Plan, dict]:
+        own = [(word, options) for word, options in plan if word not in TRAINING_WORDS] if path in project.without_training else plan
+        key = repr(own)
+        if key not in caches:
+            caches[key] = _open_cache(cache_folder, own, check_only, black_config, line_length)
+        kwargs = dict(check_only=check_only, black_config=black_config, cache=caches[key], line_length=line_length, covered=project.covered)
+        return own, ({**kwargs, "silenced": codes.silenced(path, known)} if codes is not None else kwargs)
+
     known = known_codes() if codes is not None else frozenset()
-
-    def file_kwargs(path: str) -> dict:
-        return {**kwargs, "silenced": codes.silenced(path, known)} if codes is not None else kwargs
-
     if write:
         remove_stale_temporaries({Path(os.path.realpath(p)).parent for p in paths})
     results: list[FileResult] = []
+    # Each group is written as soon as its last file is migrated: a run
+    # killed halfway leaves every file whole, and the done ones written.
+    groups = project.groups()
+    group_of = {path: group for group in groups for path in group}
+    finished: dict[str, FileResult] = {}
 
     def done(result: FileResult) -> None:
         results.append(result)
+        finished[result.path] = result
+        group = group_of[result.path]
+        if write and all(path in finished for path in group):
+            _write_together([finished[path] for path in group])
         if on_done:
             on_done(result)
 
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
-            done(process_file(path, plan, **file_kwargs(path)))
-        return results
+            own, kwargs = file_kwargs(path)
+            done(process_file(path, own, **kwargs))
+    else:
+        _process_in_pool(paths, file_kwargs, jobs, done)
+    return results
+
+
+def _open_cache(cache_folder: Optional[Path], plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int]) -> Optional[ResultCache]:
+    if cache_folder is None:
+        return None
+    settings = {
+        "plan": [[word, sorted(options.items())] for word, options in plan],
+        "check": check_only,
+        "black": black_config,
+        "line_length": line_length,
+    }
+    return ResultCache.open(cache_folder, settings)
+
+
+def _process_in_pool(paths: Sequence[str], file_kwargs: Callable[[str], tuple[Plan, dict]], jobs: int, done: Callable[[FileResult], None]) -> None:
     from concurrent.futures import ProcessPoolExecutor  # multiprocessing: only where there is a pool
     from concurrent.futures.process import BrokenProcessPool
 
+    finished = 0
     try:
         with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
             # The largest files first, one per task: a large file started last
             # would keep one worker busy long after the others are done.
-            futures = {i: pool.submit(_process_file_star, (paths[i], plan, file_kwargs(paths[i]))) for i in _largest_first(paths)}
+            futures = {i: pool.submit(_process_file_star, (paths[i], *file_kwargs(paths[i]))) for i in _largest_first(paths)}
             for i in range(len(paths)):
                 done(futures[i].result())
+                finished += 1
     except BrokenProcessPool:
-        for path in paths[len(results):]:
-            done(_process_file_alone(path, plan, file_kwargs(path)))
-    return results
+        for path in paths[finished:]:
+            done(_process_file_alone(path, *file_kwargs(path)))
+
+
+def _write_together(results: list[FileResult]) -> None:
+    """Write the changed files of one group (a script and the modules of its
+    project) all, or none: where one failed, the others are not written;
+    where a write fails, those written before it are put back."""
+    failed = next((r for r in results if r.error is not None), None)
+    written: list[FileResult] = []
+    for result in results:
+        if failed is None and result.changed:
+            write_result(result)
+            if result.error is None:
+                written.append(result)
+                continue
+            failed = result
+            for earlier in written:  # back to the files as they were read
+                write_atomically(Path(earlier.path), SourceText(earlier.original, earlier.encoding))
+                earlier.written = False
+    if failed is not None:
+        for result in results:
+            if result is not failed and result.changed:
+                result.error = f"{result.path}: not written, since {failed.path} (of the same project) could not be: {failed.error}"
 
 
 def _largest_first(paths: Sequence[str]) -> list[int]:

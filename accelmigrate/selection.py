@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 import click
 
-from accelmigrate.codemods import UnknownCodemod, parse_words, resolve_infos
+from accelmigrate.codemods import UnknownCodemod, check_exclusions, parse_words, resolve_infos
 from accelmigrate.config import Config, ConfigError, common_start, load_config
 from accelmigrate.engine import plan_of
 
@@ -39,6 +39,8 @@ def plan_for(words: Optional[str], config: Config, default: Sequence[str]):
         selected = parse_words(spec)
         if not selected:
             raise UnknownCodemod("names no codemod; see `accelmigrate list`")
-        return plan_of(resolve_infos(selected, config.options))
+        resolved = resolve_infos(selected, config.options)
+        check_exclusions(resolved)
+        return plan_of(resolved)
     except UnknownCodemod as error:
         raise UsageError(f"{source}: {error}") from None

@@ -81,7 +81,7 @@ def _unlisted(error: OSError, on_error: Optional[Callable[[str, str], None]]) ->
     on_error(folder, message)
 
 
-def _excluded(path: Path, patterns: Sequence[str]) -> bool:
+def excluded(path: Path, patterns: Sequence[str]) -> bool:
     text = path.as_posix()
     return any(fnmatch.fnmatch(text, p) or fnmatch.fnmatch(path.name, p) or fnmatch.fnmatch(text, f"*/{p}") for p in patterns)
 
@@ -102,7 +102,7 @@ def iter_python_files(
     for raw in paths:
         path = Path(raw)
         if not os.path.isdir(path):  # Path.is_dir raises where a parent cannot be entered
-            if not _excluded(path, exclude):
+            if not excluded(path, exclude):
                 yield path
             continue
         for folder, subfolders, files in os.walk(path, onerror=lambda error: _unlisted(error, on_error)):
@@ -110,11 +110,11 @@ def iter_python_files(
             subfolders[:] = sorted(
                 d for d in subfolders
                 if d not in SKIPPED_FOLDERS and not d.endswith(".egg-info")
-                and not is_virtualenv(here / d) and not _excluded(here / d, exclude)
+                and not is_virtualenv(here / d) and not excluded(here / d, exclude)
             )
             for name in sorted(files):
                 file = here / name
-                if name.endswith(SOURCE_SUFFIXES) and not _excluded(file, exclude):
+                if name.endswith(SOURCE_SUFFIXES) and not excluded(file, exclude):
                     yield file
 
 

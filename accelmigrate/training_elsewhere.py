@@ -16,26 +16,17 @@ that library's own switch), so the next step is plain.
 from __future__ import annotations
 
 import ast
-import collections
 import dataclasses
 import os
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 from accelmigrate.codemods._finding import Finding
 from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
+from accelmigrate.project import imports, reached_modules
 
 TRAINING_ELSEWHERE = "AM005"  # engine codes: engine.ENGINE_CODES has their titles, explain.py their advice
 TRAINER_LOOP = "AM006"
-# Folders above the script searched for an imported module's file: a script
-# in `tools/` or `src/pkg/` imports from the project's root.
-PARENT_LEVELS = 3
-# How far through the project's imports the training is looked for, and how
-# many of its modules are read at most (each costs one `ast.parse`).
-MAX_DEPTH = 4
-MAX_MODULES = 80
-# A module is read only if it is of a size a hand-written training module has.
-MAX_MODULE_BYTES = 2 * 2**20
 # Third-party trainers that run the loop themselves: the qualified name a
 # script uses -> (the library, its own switches for what the words do).
 TRAINERS = {
@@ -62,10 +53,12 @@ class Where:
     trainer: str = ""  # the library whose trainer runs the loop (TRAINERS' key)
 
 
-def training_findings(source: str, path: str, words: list[str], silenced: frozenset) -> list[Finding]:
+def training_findings(source: str, path: str, words: list[str], silenced: frozenset, covered: frozenset = frozenset()) -> list[Finding]:
     """AM005 or AM006 for `words` (acting on a training step, they changed
     and said nothing) where the file holds no backward of its own: the
-    training runs in a module of the project, or in a library's trainer."""
+    training runs in a module of the project, or in a library's trainer.
+    Nothing where that module is one of the files `covered` (resolved) by
+    the same run: the words act on it there, and speak there."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -74,7 +67,7 @@ def training_findings(source: str, path: str, words: list[str], silenced: frozen
     if facts.backward_calls:
         return []  # the words had their say on it
     found = where_training_runs(tree, facts, path)
-    if not found:
+    if not found or any(where.file in covered for where in found):
         return []
     first, listed = found[0], ",".join(words)
     if first.trainer:
@@ -110,37 +103,14 @@ def where_training_runs(tree: ast.Module, facts: SourceFacts, path: str) -> list
     trainers = [Where(*_first_import(tree, trainer), trainer, trainer=trainer)] if trainer else []
     if not script.is_file():  # an editor's buffer, stdin: nothing to look beside
         return trainers
-    start = script.resolve()
-    found, seen = [], {start}
-    queue = collections.deque((node, module, file, 1) for node, module, file in _imported_files(tree, start.parent))
-    while queue and len(seen) < MAX_MODULES:
-        node, module, file, depth = queue.popleft()
-        if file in seen:
-            continue
-        seen.add(file)
-        imported, module_facts = _read(file)
-        if module_facts is None:
-            continue
-        if module_facts.backward_calls:
-            found.append(Where(node.lineno, node.col_offset + 1, module, file))
-            continue
-        library = _trainer_in(module_facts)
-        if library and not trainers:
-            trainers.append(Where(node.lineno, node.col_offset + 1, module, file, library))
-        if depth < MAX_DEPTH:
-            queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(imported, file.parent))
+    found = []
+    for module in reached_modules(tree, script, follow=lambda module: not module.trains):
+        where = (module.via.lineno, module.via.col_offset + 1, module.module, module.file)
+        if module.trains:
+            found.append(Where(*where))
+        elif not trainers and (library := _trainer_in(module.facts)):
+            trainers.append(Where(*where, library))
     return found or trainers
-
-
-def _read(file: Path) -> tuple[Optional[ast.Module], Optional[SourceFacts]]:
-    try:
-        if file.stat().st_size > MAX_MODULE_BYTES:
-            return None, None
-        text = file.read_text(encoding="utf-8")
-        tree = ast.parse(text)
-        return tree, facts_of(tree, text)
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return None, None  # a module that cannot be read is no evidence either way
 
 
 def _trainer_in(facts: SourceFacts) -> str:
@@ -151,58 +121,7 @@ def _trainer_in(facts: SourceFacts) -> str:
 def _first_import(tree: ast.Module, module: str) -> tuple[int, int, str]:
     """(line, column, name) of the first import of `module`'s package."""
     package = module.split(".")[0]
-    for node, name in _imports(tree):
+    for node, name in imports(tree):
         if name.split(".")[0] == package:
             return node.lineno, node.col_offset + 1, name
     return 1, 1, module
-
-
-def _imported_files(tree: Optional[ast.Module], folder: Path) -> Iterator[tuple[ast.stmt, str, Path]]:
-    if tree is None:
-        return
-    for node, module in _imports(tree):
-        file = _module_file(module, folder)
-        if file is not None:
-            yield node, module, file
-
-
-def _imports(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
-    """(statement, module) for each module an import statement names; a
-    `from pkg import name` also names `pkg.name`, which may be a module."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = "." * node.level + (node.module or "")
-            if node.module:
-                yield node, base
-            for alias in node.names:
-                if alias.name != "*":
-                    yield node, f"{base}.{alias.name}" if node.module else base + alias.name
-
-
-def _module_file(module: str, folder: Path) -> Optional[Path]:
-    """The file of `module` in the script's project: relative imports from
-    the importing file's package, absolute ones from its folder or a folder
-    up to PARENT_LEVELS above it."""
-    level = len(module) - len(module.lstrip("."))
-    parts = [p for p in module.lstrip(".").split(".") if p]
-    if not parts:
-        return None
-    if level:
-        ancestors = [folder, *folder.parents]
-        bases = [ancestors[level - 1]] if level - 1 < len(ancestors) else []
-    else:
-        bases = [folder, *list(folder.parents)[:PARENT_LEVELS]]
-    for base in bases:
-        stem = base.joinpath(*parts)
-        for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
-            if candidate.is_file() and not _installed(candidate):
-                return candidate.resolve()
-    return None
-
-
-def _installed(file: Path) -> bool:
-    """An installed package (a virtual environment beside the script) is not the project."""
-    return any(part in ("site-packages", "dist-packages") for part in file.parts)

@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reach import MULTI_PROCESS, notes_of_every_codemod, parity_on_two, plan_for, top_codes  # noqa: E402
 
-from accelmigrate.engine import NOT_IN_NOTEBOOK, process_file  # noqa: E402
+from accelmigrate.engine import NOT_IN_NOTEBOOK, process_files  # noqa: E402
 from accelmigrate.notebook import is_notebook, parse_notebook  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -231,27 +231,32 @@ def own_code_parses(entry: Entry, checkout: Path) -> bool:
 
 
 def migrate(entry: Entry, name: str, checkout: Path, folder: Path, notes: frozenset) -> Migration:
+    """The words over the copy of the entry and the modules of its project
+    that it reaches (as `apply ENTRY` migrates them)."""
     copy = stage(entry, checkout, folder)
     done = Migration(entry, name)
     plan = plan_for(WORD_SETS[name][0])
-    result = process_file(str(copy), plan)
-    failed = [f for f in result.findings if f.code == "AM000"]
-    if result.error or failed:
-        done.wrong = f"not applied: {(result.error or failed[0].message)[:200]}"
+    results = process_files([str(copy)], plan, jobs=1, follow_imports=True)
+    failed = [f for r in results for f in r.findings if f.code == "AM000"]
+    error = next((r.error for r in results if r.error), None)
+    if error or failed:
+        done.wrong = f"not applied: {(error or failed[0].message)[:200]}"
         return done
-    if why := parses(copy, result.migrated):
-        done.wrong = why
-        return done
-    copy.write_text(result.migrated, encoding="utf-8")
-    again = process_file(str(copy), plan)
-    if again.error or again.migrated != result.migrated:
+    for result in results:
+        if result.changed and (why := parses(Path(result.path), result.migrated)):
+            done.wrong = why
+            return done
+    for result in results:
+        if result.changed:
+            Path(result.path).write_text(result.migrated, encoding="utf-8")
+    if any(again.error or again.changed for again in process_files([str(copy)], plan, jobs=1, follow_imports=True)):
         done.wrong = "not idempotent: a second run changes the output"
         return done
-    unfixed = [f for f in result.findings if not f.fixed]
-    done.copy, done.changed = copy, result.changed
+    unfixed = [f for result in results for f in result.findings if not f.fixed]
+    done.copy, done.changed = copy, any(result.changed for result in results)
     done.left = collections.Counter(f.code for f in unfixed if f.code not in notes)
     done.noted = frozenset(f.code for f in unfixed if f.code in notes)
-    done.spoke = frozenset(word for f in result.findings for word in words_of(f))
+    done.spoke = frozenset(word for result in results for f in result.findings for word in words_of(f))
     return done
 
 

@@ -113,6 +113,7 @@ class CodemodInfo:
         self.module, self.name = entry["module"], entry["name"]
         self.summary: str = entry["summary"]
         self.requires: Sequence[str] = tuple(entry["requires"])
+        self.excludes: Sequence[str] = tuple(entry["excludes"])
         self.triggers: Sequence[str] = tuple(entry["triggers"])
         self.codes: Mapping[str, str] = dict(entry["codes"])
         self.notes = frozenset(entry["notes"])
@@ -226,6 +227,22 @@ def resolve_infos(
         except ValueError as error:
             raise UnknownCodemod(f"{word}: {error}") from None
     return [(cls, wanted[word]) for word, cls in registry.items() if word in wanted]
+
+
+def check_exclusions(resolved: Sequence[tuple[object, Mapping[str, str]]]) -> None:
+    """UnknownCodemod where two words of a plan would both take charge of the
+    same part of a script (a codemod's `excludes`): the user asked for
+    something no run can give, which is never answered by one of them
+    silently changing nothing."""
+    words = [cls.word for cls, _ in resolved]
+    for cls, _ in resolved:
+        clashing = [other for other in cls.excludes if other in words]
+        if clashing:
+            raise UnknownCodemod(
+                f"{cls.word} cannot run with {', '.join(clashing)} (asked for, or needed by a word asked for): they would "
+                f"both take charge of the same part of the script (its device, precision, processes or data loading); run "
+                f"{cls.word} alone, or the others without it"
+            )
 
 
 def resolve(

@@ -68,6 +68,10 @@ class Codemod(cst.CSTTransformer):
     notes: ClassVar[frozenset] = frozenset()
     summary: ClassVar[str]
     requires: ClassVar[Sequence[str]] = ()  # words that must run first
+    # Words this one cannot run with: both would own the same part of the
+    # script (its device, precision, processes). Asking for both is a usage
+    # error, never a word that silently changes nothing.
+    excludes: ClassVar[Sequence[str]] = ()
     # The file is parsed for this codemod only when one of these substrings
     # occurs in its text. Choose them so that no possible match is missed:
     # every spelling of what the codemod matches must contain one of them.

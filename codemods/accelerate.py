@@ -176,6 +176,10 @@ from ._base import Codemod
 
 class AccelerateCodemod(Codemod):
     word = "accelerate"
+    # Accelerate places the model and the batches, runs mixed precision and
+    # shards the data itself; the plain words would write the tool's own
+    # helpers for the same (which it then refuses to migrate, AM822).
+    excludes = ("workers", "device", "amp", "ddp", "fsdp", "fabric")
     plans_in_visit_module = True
     summary = "a plain or DataParallel script -> Hugging Face Accelerate (prepare, backward, main-process output)"
     requires = ()

@@ -195,13 +195,13 @@ from .script.reduction import SUM, UNCLEAR, backward_reduction, loss_reduction
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
 RUNTIME_BATCH = "accelmigrate.runtime.batch"
 UNCLEAR_MESSAGE = (
-    "cannot tell whether this loss is a mean or a sum over the batch (a `reduction=` that is not a literal, a sum "
+    "cannot tell whether this loss is a mean or a sum over the batch (a `sum(...)` of terms a loop makes, a `reduction=` that is not a literal, a sum "
     "scaled by a value this file does not show, a mean added to a sum): accumulate by hand, dividing a mean by the "
     "number of micro-batches in the group before backward() and leaving a sum undivided"
 )
 
 UNCLEAR_UNDER_ACCELERATE = (
-    "cannot tell whether this loss is a mean or a sum over the batch (a `reduction=` that is not a literal, a sum "
+    "cannot tell whether this loss is a mean or a sum over the batch (a `sum(...)` of terms a loop makes, a `reduction=` that is not a literal, a sum "
     "scaled by a value this file does not show, a mean added to a sum): accumulate by hand under "
     "`with {accelerator}.accumulate(model):`, leaving a mean as it is ({accelerator}.backward divides it by the "
     "accumulation steps) and multiplying a sum by `{accelerator}.gradient_accumulation_steps`"

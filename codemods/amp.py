@@ -245,6 +245,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         "AM405": "checkpoint that needs the GradScaler's state next to the optimizer's",
         "AM406": "gradients clipped or read, which need scaler.unscale_() first",
         "AM407": "values computed under autocast that reach numpy, which has no bfloat16",
+        "AM408": "training step in mixed precision already (its own torch.autocast or GradScaler): left as it is",
         "AM410": "backward whose forward, loss or step is out of view: add autocast and a GradScaler by hand",
         "AM411": "optimizer.step(closure): add autocast and a GradScaler by hand",
         "AM412": "backward with a gradient, inputs= or create_graph=, or raw autograd calls: scale the loss by hand",
@@ -253,10 +254,13 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         "AM415": "training step laid out in a way the codemod cannot rewrite safely: migrate it by hand",
         "AM416": "apex usage without a native equivalent: apex left in place",
         "AM417": "checkpoint that saves the optimizer but not the GradScaler",
+        "AM418": "loss that torch refuses under autocast (binary cross-entropy on probabilities)",
     }
     # What a migration does alongside AM401 (the scaler's state in checkpoints,
-    # unscaling before clipping, casts back for numpy): nothing to act on.
-    notes = frozenset({"AM405", "AM406", "AM407"})
+    # unscaling before clipping, casts back for numpy), and a step it leaves
+    # in the mixed precision it has already (so that amp never changes
+    # nothing without a word): nothing to act on.
+    notes = frozenset({"AM405", "AM406", "AM407", "AM408"})
     # Every spelling of what this codemod matches contains one of these: a
     # training step ("backward"), an evaluation block, or the old AMP APIs,
     # which are reached through `.amp`, apex, or one of their names.
@@ -317,7 +321,9 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         plans = []
         for unit, backwards in units.items():
             if any(self.is_scaled(b) for b in backwards) or self.runs_under_autocast(backwards[0].statement):
-                continue  # mixed precision already (a previous run, or the user's own)
+                # mixed precision already (a previous run, or the user's own)
+                self.report(backwards[0].call or backwards[0].statement, "AM408", "this training step runs in mixed precision already (torch.autocast, a GradScaler): amp left it as it is")
+                continue
             try:
                 plan = self.plan_step(unit, backwards)
             except Problem as problem:
@@ -398,6 +404,9 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         for region in regions:
             if self.device_at(region.first) is not device:
                 raise Problem(region.first, "AM415", "the device is bound inside the forward pass: bind it before the loop, then run again")
+            refused = self.refused_under_autocast(region)
+            if refused is not None:
+                raise Problem(refused, "AM418", f"`{code_of(refused.func)}` computes a binary cross-entropy on probabilities, which torch refuses under autocast (CUDA autocast raises at the first step): use `nn.BCEWithLogitsLoss` on the logits (without the final sigmoid), then run amp again; or add autocast by hand, computing this loss in float32 after the autocast block (`criterion(out.float(), y)`)")
             region.header = self.autocast_text(device, region.first)
 
     def check_backwards(self, unit: cst.CSTNode, backwards: list) -> None:

@@ -158,6 +158,7 @@ def _keeping_saves(edit):
 
 class FabricCodemod(AccelerateCodemod):
     word = "fabric"
+    excludes = ("workers", "device", "amp", "ddp", "fsdp", "accelerate")  # as accelerate's (AM922)
     summary = "a plain or DataParallel script -> Lightning Fabric (setup, setup_dataloaders, backward, rank-zero output)"
     codes = {
         "AM901": "script without a Fabric object",

@@ -188,6 +188,49 @@ READINGS = {
             loss = F.kl_div(a, b, reduction='batchmean') * T * T
             loss.backward()
     """),
+    "Python's sum over the batch's samples": (UNCLEAR, """
+        for x, y in loader:
+            loss = sum(F.mse_loss(o, t) for o, t in zip(model(x), y))
+            loss.backward()
+    """),
+    "Python's sum over a model's outputs (heads or rows?)": (UNCLEAR, """
+        for x, y in loader:
+            loss = sum(F.cross_entropy(out, y) for out in model(x))
+            loss.backward()
+    """),
+    "Python's sum of a list the loop collects": (UNCLEAR, """
+        for x, y in loader:
+            losses = []
+            for o, t in zip(model(x), y):
+                losses.append(F.l1_loss(o, t))
+            loss = sum(losses)
+            loss.backward()
+    """),
+    "Python's sum of terms written out": (MEAN, """
+        for x, y in loader:
+            out = model(x)
+            loss = sum([F.cross_entropy(out, y), 0.1 * F.nll_loss(out, y)])
+            loss.backward()
+    """),
+    "Python's sum over a fixed number of heads": (MEAN, """
+        for x, y in loader:
+            heads = model(x)
+            loss = sum(F.cross_entropy(heads[i], y) for i in range(3))
+            loss.backward()
+    """),
+    "a lambda criterion that sums": (SUM, """
+        criterion = lambda out, target: ((out - target) ** 2).sum()
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+    """),
+    "reduction= named by a constant of the file": (SUM, """
+        REDUCTION = 'sum'
+        criterion = nn.CrossEntropyLoss(reduction=REDUCTION)
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+    """),
 }
 
 
@@ -340,6 +383,45 @@ def test_two_ranks_of_a_summed_loss_end_with_the_one_process_weights(tmp_path, o
 
     one_process = trained_weights(migrated, tmp_path / "one", 32)  # plain python: a world of one, the model bare
     assert largest_difference(original_weights, one_process) <= TOLERANCE
+
+
+SUMMED_ELSEWHERE = {
+    "a lambda that sums": 'criterion = lambda out, target: ((out.softmax(dim=1) - F.one_hot(target, 2)) ** 2).sum()',
+    "a reduction named by a constant": 'criterion = nn.CrossEntropyLoss(reduction=REDUCTION)',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("criterion", list(SUMMED_ELSEWHERE.values()), ids=list(SUMMED_ELSEWHERE))
+def test_two_ranks_of_a_loss_summed_in_other_spellings_end_with_the_one_process_weights(tmp_path, criterion):
+    source = SUM_TRAIN.replace('criterion = nn.CrossEntropyLoss(reduction="sum")', criterion).replace(
+        "import torch.nn as nn\n", 'import torch.nn as nn\nimport torch.nn.functional as F\n\nREDUCTION = "sum"\n'
+    )
+    original = tmp_path / "original" / "train.py"
+    original.parent.mkdir()
+    original.write_text(source)
+    migrated = tmp_path / "migrated" / "train.py"
+    migrated.parent.mkdir()
+    migrated.write_text(migrate_source(source, [("ddp", {})], "train.py").code)
+    assert "sum_gradients_across_ranks(model)" in migrated.read_text()
+    weights = trained_weights(original, tmp_path / "one", 32)
+    assert largest_difference(weights, launched_weights(migrated, tmp_path / "two")) <= TOLERANCE
+
+
+SUMMED_BY_A_LOOP = SUM_TRAIN.replace(
+    "            loss = criterion(model(x), y) / len(dataset)\n",
+    "            loss = sum(F.cross_entropy(o[None], t[None]) for o, t in zip(model(x), y)) / len(dataset)\n",
+).replace("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n")
+
+
+@pytest.mark.parametrize("word, code", [("accumulate", "AM607"), ("ddp", "AM520"), ("accelerate", "AM823"), ("fabric", "AM923")])
+def test_a_loss_summed_by_python_over_a_loop_is_refused_by_the_words_that_split_the_batch(word, code):
+    """Each term a sample's loss: the batch's sum, which each of these words
+    would average over its parts (half the gradient on two)."""
+    plan = [("accumulate", {"value": "2"})] if word == "accumulate" else [(word, {})]
+    result = migrate_source(SUMMED_BY_A_LOOP, plan, "train.py")
+    assert code in [f.code for f in result.findings if not f.fixed], result.findings
+    assert result.code == SUMMED_BY_A_LOOP
 
 
 @pytest.mark.slow

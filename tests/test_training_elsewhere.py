@@ -115,10 +115,13 @@ def test_check_reports_it_and_fails_and_ignore_silences_it(tmp_path):
     from conftest import run_cli
 
     project = _project(tmp_path, {"main.py": MAIN, "solver.py": SOLVER})
-    done = run_cli("check", "--to", "ddp", "main.py", cwd=project)
+    done = run_cli("check", "--to", "ddp", "--no-follow-imports", "main.py", cwd=project)
     assert done.returncode == 1 and "main.py:3:1: AM005 no training step in this file" in done.stdout, done.stdout + done.stderr
-    quiet = run_cli("check", "--to", "ddp", "--ignore", "AM005", "main.py", cwd=project)
+    quiet = run_cli("check", "--to", "ddp", "--no-follow-imports", "--ignore", "AM005", "main.py", cwd=project)
     assert "AM005" not in quiet.stdout
+    # by default the module that trains is checked with the script, and speaks for itself
+    followed = run_cli("check", "--to", "ddp", "main.py", cwd=project)
+    assert "AM005" not in followed.stdout and "solver.py:" in followed.stdout, followed.stdout
 
 
 def test_a_module_reached_through_others_and_split_steps_are_found(tmp_path):

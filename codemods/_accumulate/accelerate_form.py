@@ -76,7 +76,7 @@ def trainer_of(script: ScriptModel, backward: cst.Call) -> Optional[Trainer]:
     name = target_key(holder)
     if name is None:
         return Trainer("unknown", code_of(holder))
-    calls = _values_of(script, holder)
+    calls = script.values_of(holder)
     if len(calls) == 1 and script.is_call_to(calls[0], ACCELERATOR_CLASSES):
         return Trainer("accelerate", name, calls[0])
     if calls and all(script.is_call_to(c, FABRIC_CLASSES) for c in calls):
@@ -84,26 +84,6 @@ def trainer_of(script: ScriptModel, backward: cst.Call) -> Optional[Trainer]:
     if any(script.is_call_to(c, ACCELERATOR_CLASSES) for c in calls):
         return Trainer("accelerate", name)  # made in several places: the setting cannot be written once
     return Trainer("unknown", name)
-
-
-def _values_of(script: ScriptModel, holder: cst.BaseExpression, depth: int = 2) -> list[cst.BaseExpression]:
-    """What `holder` may hold: the values assigned to it, and for a parameter,
-    what the file's calls of its function pass (followed `depth` names deep);
-    a binding that cannot be read makes the list hold the binding's node."""
-    found: dict[int, cst.BaseExpression] = {}
-    for binding in script.bindings_of_reference(holder):
-        if binding.kind == "assign" and binding.value is not None:
-            found[id(binding.value)] = binding.value
-        elif binding.kind == "param" and depth > 0:
-            function = script.flow.function_of(binding.scope)
-            sites = function.callers if function is not None else []
-            passed = [site.arguments.get(binding.name) for site in sites]
-            for value in passed if passed and all(v is not None for v in passed) else [binding.node]:
-                more = _values_of(script, value, depth - 1) if isinstance(value, (cst.Name, cst.Attribute)) else [value]
-                found.update((id(v), v) for v in more)
-        else:
-            found[id(binding.node)] = binding.node
-    return list(found.values())
 
 
 def accumulates_already(loop: cst.For) -> bool:

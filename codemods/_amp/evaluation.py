@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .._base import is_docstring, walk
+from .._base import code_of, is_docstring, walk
 from .plan import ACCESSORS, Problem
 
 
@@ -50,7 +50,16 @@ class Evaluation:
                 return False
         return not any(name.startswith("builtins.") for name in self.qualified_names(call.func))
 
+    def refused_evaluation(self, body: cst.CSTNode) -> bool:
+        """A loss torch refuses under autocast is computed there: reported, and left in float32."""
+        refused = self.refused_in(body)
+        if refused is not None:
+            self.report(refused, "AM418", f"`{code_of(refused.func)}` computes a binary cross-entropy on probabilities, which torch refuses under autocast: amp left this evaluation in float32; use `nn.BCEWithLogitsLoss` on the logits (without the final sigmoid), then run amp again")
+        return refused is not None
+
     def plan_evaluation_block(self, with_node: cst.With) -> None:
+        if self.refused_evaluation(with_node.body):
+            return
         device = self.device_at(with_node)
         if device is None:
             self.report(with_node, "AM413", "evaluation under no_grad with no device binding in reach (a `device` parameter may be a string): add `torch.autocast(device_type=device.type, dtype=amp_dtype)` to this block by hand")
@@ -73,6 +82,8 @@ class Evaluation:
         self.use_dtype(device)
 
     def plan_evaluation_function(self, function: cst.FunctionDef) -> None:
+        if self.refused_evaluation(function.body):
+            return
         statements = list(function.body.body)
         first = 1 if is_docstring(statements[0]) and len(statements) > 1 else 0
         device = self.device_at(statements[first])

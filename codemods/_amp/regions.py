@@ -13,8 +13,52 @@ from ..script import vocabulary as v
 from .plan import APEX_MASTER_PARAMS, RUNTIME_DEVICE, MOVES, Backward, Block, Problem, Region, is_block, method_call
 
 
+# Losses torch will not compute under autocast (its CUDA autocast raises at
+# the first step): float16 cannot hold the probabilities they take the log of.
+REFUSED_UNDER_AUTOCAST = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
+FOLLOWED_CALLS = 2  # how deep calls of the file's own functions are followed for one
+
+
 class Regions:
     """Mixed into the codemod."""
+
+    def refused_under_autocast(self, region: Region) -> Optional[cst.Call]:
+        """A call in the region (or in a function of the file it calls) that
+        computes a loss torch refuses under autocast: `F.binary_cross_entropy`,
+        an `nn.BCELoss` however it reaches the step."""
+        body = list(region.block.body)
+        statements = body[body.index(region.first): body.index(region.last) + 1]
+        return next((c for s in statements for c in self._refusing_calls(s, FOLLOWED_CALLS)), None)
+
+    def refused_in(self, node: cst.CSTNode) -> Optional[cst.Call]:
+        """The first such call in `node` (an evaluation block or function)."""
+        return next(self._refusing_calls(node, FOLLOWED_CALLS), None)
+
+    def _refusing_calls(self, node: cst.CSTNode, depth: int):
+        """The calls in `node` that compute such a loss: the function itself,
+        a criterion made by its class (bound here, passed in, returned by a
+        function of the file), or a function of the file that calls one."""
+        for call in walk(node, into_definitions=False):
+            if not isinstance(call, cst.Call):
+                continue
+            if self.script.qualified_names(call.func) & REFUSED_UNDER_AUTOCAST or self._makes_refused(call.func, depth):
+                yield call
+                continue
+            callee = self.script.flow.callee(call, self.script.scope_of(call)) if depth else None
+            if callee is not None and any(True for _ in self._refusing_calls(callee[0].node.body, depth - 1)):
+                yield call
+
+    def _makes_refused(self, value: cst.BaseExpression, depth: int) -> bool:
+        """`value` holds a criterion of a refused class."""
+        if isinstance(value, cst.Call):
+            if self.script.qualified_names(value.func) & REFUSED_UNDER_AUTOCAST:
+                return True
+            callee = self.script.flow.callee(value, self.script.scope_of(value)) if depth else None
+            returns = [n.value for n in walk(callee[0].node.body, into_definitions=False) if isinstance(n, cst.Return) and n.value is not None] if callee else []
+            return any(self._makes_refused(r, depth - 1) for r in returns)
+        if isinstance(value, (cst.Name, cst.Attribute)) and depth:
+            return any(self._makes_refused(v, depth - 1) for v in self.script.values_of(value) if v is not value)
+        return False
 
     def region_for(self, backward: Backward) -> Optional[Region]:
         """The statements that compute the backward's loss: the last statement

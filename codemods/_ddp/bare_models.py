@@ -15,7 +15,7 @@ import libcst as cst
 
 from .._base import is_name, keyword_arg, walk
 from ..script.entities import plain_forward, touches_no_parameter
-from ..script.reduction import sums_over_batch
+from ..script.reduction import SUM, UNCLEAR, training_reductions
 from ..script.uses import FOLLOW_DEPTH
 from .aliases import ModelAliases
 from .common import CannotMigrate, Insertion, Var, first_positional
@@ -104,7 +104,7 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         their sum (the global batch is split, so the sum is the original's).
         With `ddp=per-process` the average beside the scaled learning rate
         already gives the original's step per sample."""
-        return not self.per_process and sums_over_batch(self.script, model.code)
+        return not self.per_process and training_reductions(self.script, model.code) == {SUM}
 
     def _after_moves(self, anchor: cst.CSTNode, model: Var) -> cst.CSTNode:
         """The last statement of `anchor`'s block, from `anchor` on, that moves the
@@ -534,6 +534,15 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
     def _check_model_uses(self, model: Var, anchor: cst.CSTNode) -> None:
         """Refuse when the model is rebound or moved after it is wrapped, or when
         training calls its own methods (which bypass DDP's gradient hooks)."""
+        if not self.per_process and UNCLEAR in training_reductions(self.script, model.code):
+            raise CannotMigrate(
+                anchor, "AM520",
+                f"cannot tell whether the loss that trains `{model.code}` is a mean or a sum over the batch (a `sum(...)` "
+                f"of terms a loop makes, a `reduction=` that is not a string, a mean added to a sum): DDP averages the "
+                f"ranks' gradients, which is the original's gradient for a mean only; write the loss as a mean or a "
+                f"sum over the batch (`reduction=\"sum\"`), or wrap the model by hand and add the ranks' gradients up "
+                f"for a sum, then run ddp again",
+            )
         wrap_line = self._position(anchor, end=True)[0]
         for statement in self._statements_binding(model):
             if self._position(statement)[0] > wrap_line and not self._compiles_model(statement, model):

@@ -247,6 +247,26 @@ class ScriptModel:
         """The function whose code holds `node`."""
         return self.flow.function_of(self.index.scope_of(node))
 
+    def values_of(self, holder: cst.BaseExpression, depth: int = 2) -> list[cst.BaseExpression]:
+        """What `holder` (a name, `self.x`) may hold: the values assigned to
+        it, and for a parameter, what the file's calls of its function pass
+        (followed `depth` names deep); a binding that cannot be read makes
+        the list hold the binding's node."""
+        found: dict[int, cst.BaseExpression] = {}
+        for binding in self.bindings_of_reference(holder):
+            if binding.kind == "assign" and binding.value is not None:
+                found[id(binding.value)] = binding.value
+            elif binding.kind == "param" and depth > 0:
+                function = self.flow.function_of(binding.scope)
+                sites = function.callers if function is not None else []
+                passed = [site.arguments.get(binding.name) for site in sites]
+                for value in passed if passed and all(v is not None for v in passed) else [binding.node]:
+                    more = self.values_of(value, depth - 1) if isinstance(value, (cst.Name, cst.Attribute)) else [value]
+                    found.update((id(v), v) for v in more)
+            else:
+                found[id(binding.node)] = binding.node
+        return list(found.values())
+
     # -- printing -----------------------------------------------------------------------------
 
     def summary(self) -> str:

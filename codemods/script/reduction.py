@@ -18,7 +18,13 @@ module answers which one a script's loss is, by meaning:
   constant (a number, a data set's length) keeps its reduction, a sum
   divided by the batch's size (`x.size(0)`, `len(x)`, the loader's
   `batch_size`) is a mean; names followed to what the file assigns them
-  (`loss += ...` included), functions of the file to what they return.
+  (`loss += ...` included), functions of the file (and lambdas) to what
+  they return, a `reduction=` name to the string the file binds it to;
+- Python's `sum(...)` of losses: of terms written out (`sum([a, b])`), their
+  sum; of terms a loop makes (`sum(F.mse_loss(o, t) for o, t in zip(out,
+  y))`) or a list collects (`sum(losses)`), UNCLEAR unless the loop ranges
+  over constants: it may run over the batch's samples (a sum over the
+  batch, each term a sample's) or over a model's heads (a mean still).
 
 The answer is MEAN, SUM, UNCLEAR (something in the file decides the
 reduction but cannot be read: `reduction=args.reduction`, a sum scaled by a
@@ -29,7 +35,7 @@ either: the codemods decide what it means for them.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import libcst as cst
 
@@ -76,13 +82,13 @@ def loss_reduction(script: ScriptModel, expression: cst.BaseExpression) -> Optio
     return found if found in (MEAN, SUM, UNCLEAR) else None
 
 
-def sums_over_batch(script: ScriptModel, model: str) -> bool:
-    """Every training step that trains `model` (as bound: "model",
-    "self.net"; every step of the file when none names it so, as where the
-    model reaches training under another name) backpropagates a loss summed
-    over the batch."""
+def training_reductions(script: ScriptModel, model: str) -> set:
+    """The reductions of the losses that the training steps training `model`
+    (as bound: "model", "self.net"; every step of the file when none names
+    it so, as where the model reaches training under another name)
+    backpropagate: {SUM} where each sums over the batch."""
     steps = [s for s in script.training_steps if model in s.model_names] or script.training_steps
-    return bool(steps) and all(backward_reduction(script, s.backward) == SUM for s in steps)
+    return {backward_reduction(script, s.backward) for s in steps}
 
 
 class _Reading:
@@ -115,6 +121,8 @@ class _Reading:
             return self._subscript(node, env, depth)
         if isinstance(node, cst.Call):
             return self._call(node, env, depth)
+        if isinstance(node, cst.Lambda):  # a criterion written inline: what its body computes
+            return CRITERION + (self.value(node.body, env, depth + 1) or "?")
         return None
 
     # -- names ---------------------------------------------------------------------------
@@ -207,10 +215,50 @@ class _Reading:
             return inner if inner in (PER_SAMPLE, MEAN, SUM) or (inner or "").startswith(CRITERION) else None
         if names & {"builtins.float", "builtins.int"} and len(call.args) == 1:
             return CONSTANT if self.value(call.args[0].value, env, depth + 1) == CONSTANT else None
+        if "builtins.sum" in names and _positional(call) and not has_star_args(call):
+            return self._builtin_sum(_positional(call)[0], env, depth)
         called = self._called(call, depth)
         if called is None and self.script.kind_of(call.func) == "model":
             return PER_SAMPLE  # a model's output
         return called
+
+    def _builtin_sum(self, summed: cst.BaseExpression, env: dict, depth: int) -> Optional[str]:
+        """Python's `sum(...)` (see the module's docstring)."""
+        if isinstance(summed, (cst.List, cst.Tuple)):
+            terms = [self.value(e.value, env, depth + 1) for e in summed.elements if not isinstance(e, cst.StarredElement)]
+            if not terms or len(terms) != len(summed.elements):
+                return None
+            total = terms[0]
+            for term in terms[1:]:
+                total = _added(total, term)
+            return total
+        if isinstance(summed, (cst.GeneratorExp, cst.ListComp)):
+            term = self.value(summed.elt, env, depth + 1)
+            if term in LOSSES or term == UNCLEAR:
+                fixed = all(self._fixed_range(clause.iter, env, depth) for clause in _clauses(summed.for_in))
+                return term if fixed else UNCLEAR
+            return None
+        if isinstance(summed, cst.Name) and any(found in LOSSES or found == UNCLEAR for found in self._collected(summed, depth)):
+            return UNCLEAR
+        return None
+
+    def _fixed_range(self, iterable: cst.BaseExpression, env: dict, depth: int) -> bool:
+        """`range(3)`, `range(len(heads))` of constants, or a literal list of
+        names: a loop over those runs over no batch."""
+        if isinstance(iterable, (cst.List, cst.Tuple)):
+            return True
+        if isinstance(iterable, cst.Call) and "builtins.range" in self.script.qualified_names(iterable.func):
+            return all(self.value(a.value, env, depth + 1) == CONSTANT for a in iterable.args)
+        return False
+
+    def _collected(self, name: cst.Name, depth: int) -> list:
+        """What the code appends to the list `name` where it binds it."""
+        found = []
+        for binding in self.script.bindings_of_reference(name):
+            for node in walk(binding.scope.node, into_definitions=False):
+                if _method(node) == "append" and dotted_name(node.func.value) == name.value and len(node.args) == 1:
+                    found.append(self.value(node.args[0].value, {}, depth + 1))
+        return found
 
     def _torch_loss(self, call: cst.Call, names: Iterable[str]) -> Optional[str]:
         """The reduction a torch loss function computes, or a loss class builds."""
@@ -219,9 +267,18 @@ class _Reading:
         for qualified in names:
             module, _, last = qualified.rpartition(".")
             if module == "torch.nn.functional" and last in FUNCTIONAL_LOSSES:
-                return _declared(call, FUNCTIONAL_LOSSES[last])
+                return _declared(call, FUNCTIONAL_LOSSES[last], self._string)
             if v.is_loss_class(qualified):
-                return CRITERION + (_declared(call, LOSS_CLASSES[last]) if last in LOSS_CLASSES else UNCLEAR)
+                return CRITERION + (_declared(call, LOSS_CLASSES[last], self._string) if last in LOSS_CLASSES else UNCLEAR)
+        return None
+
+    def _string(self, node: cst.BaseExpression) -> Optional[str]:
+        """The string `node` is: a literal, or a name the file binds once to one (`RED = "sum"`)."""
+        if isinstance(node, cst.SimpleString):
+            return node.evaluated_value
+        bindings = self.script.bindings_of_reference(node) if isinstance(node, cst.Name) else []
+        if len(bindings) == 1 and bindings[0].kind == "assign" and isinstance(bindings[0].value, cst.SimpleString):
+            return bindings[0].value.evaluated_value
         return None
 
     def _called(self, call: cst.Call, depth: int) -> Optional[str]:
@@ -297,14 +354,14 @@ class _Reading:
 # -- the arithmetic of reductions ------------------------------------------------------------
 
 
-def _declared(call: cst.Call, fixed_positions: int) -> str:
-    """What `reduction=` (or the old `size_average=` / `reduce=`) of a torch loss says."""
+def _declared(call: cst.Call, fixed_positions: int, string: Callable[[cst.BaseExpression], Optional[str]]) -> str:
+    """What `reduction=` (or the old `size_average=` / `reduce=`) of a torch loss
+    says; `string` reads the string a value is, where it can."""
     if has_star_args(call) or len(_positional(call)) > fixed_positions:
         return UNCLEAR
     reduction = keyword_arg(call, "reduction")
     if reduction is not None:
-        given = reduction.value.evaluated_value if isinstance(reduction.value, cst.SimpleString) else None
-        return REDUCTIONS.get(given, UNCLEAR)
+        return REDUCTIONS.get(string(reduction.value), UNCLEAR)
     flags = {name: literal_flag(arg.value) for name in v.LEGACY_REDUCTION for arg in [keyword_arg(call, name)] if arg is not None}
     if "?" in flags.values():
         return UNCLEAR
@@ -415,6 +472,12 @@ def _reads(node: cst.CSTNode, name: str) -> bool:
     return False
 
 
+def _clauses(clause: Optional[cst.CompFor]) -> Iterable[cst.CompFor]:
+    while clause is not None:
+        yield clause
+        clause = clause.inner_for_in
+
+
 def _method(node: cst.CSTNode) -> Optional[str]:
     return node.func.attr.value if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) else None
 
@@ -427,4 +490,4 @@ def _is_zero(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
 
 
-__all__ = ["MEAN", "SUM", "UNCLEAR", "backward_reduction", "loss_reduction", "sums_over_batch"]
+__all__ = ["MEAN", "SUM", "UNCLEAR", "backward_reduction", "loss_reduction", "training_reductions"]

@@ -1,0 +1,214 @@
+"""The project around a script: the first-party modules it reaches through
+its imports (files beside it or in a folder above it, packages, relative
+imports; never an installed package), read with `ast` only.
+
+Real training code is a project: `train.py` builds the model and hands it to
+`engine.train_one_epoch`, its loaders come from `data.get_loaders(...)`, its
+helpers from `utils/`. A careful engineer migrating `train.py` by hand opens
+those modules and edits them too; so does the tool: `apply train.py` and
+`check train.py` take in each module of the project that the script reaches
+and that uses torch (`training_path`), and write the script and its modules
+all together or not at all (`ProjectFiles.groups`).
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
+from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
+from accelmigrate.sources import excluded
+
+# Folders above the script searched for an imported module's file: a script
+# in `tools/` or `src/pkg/` imports from the project's root.
+PARENT_LEVELS = 3
+# How far through the project's imports modules are followed, and how many
+# of them are read at most (each costs one `ast.parse`).
+MAX_DEPTH = 4
+MAX_MODULES = 80
+# A module is read only if it is of a size a hand-written module has.
+MAX_MODULE_BYTES = 2 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Reached:
+    """A module of the project, reached from the script through `via` (an
+    import statement of the script) and `depth` imports in all."""
+
+    file: Path
+    tree: ast.Module
+    facts: SourceFacts
+    via: ast.stmt
+    module: str  # as the script's import names it (`engine`, `.data`)
+    depth: int
+
+    @property
+    def trains(self) -> bool:
+        """Holds a training step (a backward call) of its own."""
+        return bool(self.facts.backward_calls)
+
+
+def reached_modules(tree: ast.Module, script: Path, follow: Callable[[Reached], bool] = lambda _: True) -> Iterator[Reached]:
+    """The modules of the project that `tree` (the code of the file `script`)
+    imports, nearest first, then what they import where `follow` says so.
+    A module that cannot be read or parsed is left out: it is no evidence."""
+    start = script.resolve()
+    seen = {start}
+    queue = collections.deque((node, module, file, 1) for node, module, file in _imported_files(tree, start.parent))
+    while queue and len(seen) < MAX_MODULES:
+        node, module, file, depth = queue.popleft()
+        if file in seen:
+            continue
+        seen.add(file)
+        read = _read(file)
+        if read is None:
+            continue
+        reached = Reached(file, *read, node, module, depth)
+        yield reached
+        if depth < MAX_DEPTH and follow(reached):
+            queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(reached.tree, file.parent))
+
+
+def training_path(script: Path) -> list[Reached]:
+    """The modules of `script`'s project that the migration of `script`
+    takes in: those it reaches that use torch (the training loop, the
+    loaders, the models, the helpers that save and log)."""
+    try:
+        text = script.read_text(encoding="utf-8-sig")
+        code = parse_notebook(text, str(script)).source if is_notebook(str(script)) else text
+        tree = ast.parse(code)
+    except (OSError, UnicodeDecodeError, NotebookError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return []  # reading the script itself reports what is wrong with it
+    return [module for module in reached_modules(tree, script) if module.facts.imports_torch]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectFiles:
+    """The files one run migrates: those named, then the modules of the
+    project they reach (each once, however many files reach it)."""
+
+    files: list[str]
+    reached_from: dict[str, list[str]]  # a named file -> the modules it brought in
+    without_training: frozenset  # the modules brought in that hold no training step
+
+    @classmethod
+    def of(cls, paths: Sequence[str], exclude: Sequence[str] = ()) -> "ProjectFiles":
+        known = {_key(path): path for path in paths}
+        files, reached_from, without_training = list(paths), {}, set()
+        for path in paths:
+            if not os.path.isfile(path):
+                continue
+            for module in training_path(Path(path)):
+                if excluded(module.file, exclude):
+                    continue
+                shown = known.setdefault(_key(str(module.file)), _shown(module.file))
+                reached_from.setdefault(path, []).append(shown)
+                if shown not in files:
+                    files.append(shown)
+                    if not module.trains:
+                        without_training.add(shown)
+        return cls(files, reached_from, frozenset(without_training))
+
+    @property
+    def covered(self) -> frozenset:
+        return frozenset(Path(_key(path)) for path in self.files)
+
+    def groups(self) -> list[list[str]]:
+        """The files written together or not at all: a named file with the
+        modules it reaches, joined where two named files share a module."""
+        parent: dict[str, str] = {}
+
+        def root(path: str) -> str:
+            while parent.setdefault(path, path) != path:
+                path = parent[path]
+            return path
+
+        for entry, modules in self.reached_from.items():
+            for module in modules:
+                parent[root(module)] = root(entry)
+        members: dict[str, list[str]] = collections.defaultdict(list)
+        for path in self.files:
+            members[root(path)].append(path)
+        return list(members.values())
+
+
+def _key(path: str) -> str:
+    return os.path.realpath(path)
+
+
+def _shown(file: Path) -> str:
+    """A module's path as the user would write it: relative to the current
+    folder where it lies below it."""
+    try:
+        return str(file.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(file)
+
+
+def _read(file: Path) -> Optional[tuple[ast.Module, SourceFacts]]:
+    try:
+        if file.stat().st_size > MAX_MODULE_BYTES:
+            return None
+        text = file.read_text(encoding="utf-8-sig")
+        tree = ast.parse(text)
+        return tree, facts_of(tree, text)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _imported_files(tree: Optional[ast.Module], folder: Path) -> Iterator[tuple[ast.stmt, str, Path]]:
+    if tree is None:
+        return
+    for node, module in imports(tree):
+        file = _module_file(module, folder)
+        if file is not None:
+            yield node, module, file
+
+
+def imports(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
+    """(statement, module) for each module an import statement names; a
+    `from pkg import name` also names `pkg.name`, which may be a module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            if node.module:
+                yield node, base
+            for alias in node.names:
+                if alias.name != "*":
+                    yield node, f"{base}.{alias.name}" if node.module else base + alias.name
+
+
+def _module_file(module: str, folder: Path) -> Optional[Path]:
+    """The file of `module` in the script's project: relative imports from
+    the importing file's package, absolute ones from its folder or a folder
+    up to PARENT_LEVELS above it, or the `src/` folder of one of those (a
+    package laid out under `src/`, put on the path by installing it)."""
+    level = len(module) - len(module.lstrip("."))
+    parts = [p for p in module.lstrip(".").split(".") if p]
+    if not parts:
+        return None
+    if level:
+        ancestors = [folder, *folder.parents]
+        bases = [ancestors[level - 1]] if level - 1 < len(ancestors) else []
+    else:
+        bases = [folder, *list(folder.parents)[:PARENT_LEVELS]]
+        bases += [base / "src" for base in bases if base.name != "src"]
+    for base in bases:
+        stem = base.joinpath(*parts)
+        for candidate in (stem.with_suffix(".py"), stem / "__init__.py"):
+            if candidate.is_file() and not _installed(candidate):
+                return candidate.resolve()
+    return None
+
+
+def _installed(file: Path) -> bool:
+    """An installed package (a virtual environment beside the script) is not the project."""
+    return any(part in ("site-packages", "dist-packages") for part in file.parts)

@@ -1,0 +1,158 @@
+"""Projects, not files: `apply` and `check` on a script take in the modules
+of its project that it reaches through its imports and that use torch
+(accelmigrate/project.py), migrate each where its part of the training
+lives, and write them all together or not at all.
+
+The fixture projects under fixtures/projects/ are ours, in the shapes real
+projects take: a fold trainer whose loop and loaders live in `engine.py` and
+`data.py`; a package laid out under `src/` with relative imports, run from
+`tools/train.py` and from a notebook.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from accelmigrate import engine
+from accelmigrate.codemods import parse_words, resolve
+from accelmigrate.engine import TRAINING_ELSEWHERE, plan_of, process_files
+from accelmigrate.project import ProjectFiles
+from conftest import FIXTURES, run_python
+from test_cli import invoke
+
+PROJECTS = FIXTURES / "projects"
+EXPECTED = PROJECTS / "expected"
+STEP_WORDS = ("checklist", "ddp", "accelerate", "fabric", "fsdp")
+
+
+def copy_of(name: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(PROJECTS / name, tmp_path / name))
+
+
+def plan(words: str):
+    return plan_of(resolve(parse_words(words.split(","))))
+
+
+def sources(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*.py*"))}
+
+
+@pytest.mark.slow
+def test_the_default_words_migrate_the_modules_the_script_reaches_and_it_trains_alike(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    before = run_python(project / "train.py")
+    assert before.returncode == 0, before.stderr
+    done = invoke("apply", "train.py", "--no-cache", cwd=project)
+    assert done.exit_code == 0, done.output
+    assert "changed engine.py: item, empty-cache" in done.output and "changed data.py: workers" in done.output
+    expected = EXPECTED / "fold_trainer" / "default"
+    for name in ("engine.py", "data.py"):
+        assert (project / name).read_text() == (expected / name.replace(".py", ".expected.py")).read_text(), name
+    assert (project / "train.py").read_text() == (PROJECTS / "fold_trainer" / "train.py").read_text()
+    again = invoke("apply", "train.py", "--no-cache", cwd=project)
+    assert "0 file(s) changed, 3 unchanged" in again.output, again.output
+    after = run_python(project / "train.py")
+    assert after.returncode == 0 and after.stdout == before.stdout, after.stderr  # the same losses, to 6 digits
+
+
+@pytest.mark.parametrize("words", STEP_WORDS)
+def test_words_on_the_training_step_speak_in_the_module_that_trains(words, tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    results = process_files([str(project / "train.py")], plan(words), jobs=1, follow_imports=True)
+    found = {Path(r.path).name: [f.code for f in r.findings if not f.fixed] for r in results}
+    assert set(found) == {"train.py", "engine.py", "data.py"}
+    assert TRAINING_ELSEWHERE not in found["train.py"]
+    assert found["engine.py"], found  # the manual step, where the loop is
+    # data.py holds no training step: the words acting on one are not run there
+    assert not [code for code in found["data.py"] if code[:4] in ("AM41", "AM52", "AM82", "AM92", "AM76")], found
+
+
+def test_only_the_named_files_with_no_follow_imports(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    done = invoke("check", "--to", "amp", "--no-follow-imports", "--no-cache", "train.py", cwd=project)
+    assert "train.py:5:1: AM005 no training step in this file: the training runs in `engine.py`" in done.output, done.output
+    assert "engine.py:" not in done.output
+
+
+def test_modules_without_torch_are_not_taken_in(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    (project / "settings.py").write_text("FOLDS = 2\n")
+    (project / "train.py").write_text("from settings import FOLDS\n" + (project / "train.py").read_text())
+    files = ProjectFiles.of([str(project / "train.py")]).files
+    assert [Path(f).name for f in files] == ["train.py", "engine.py", "data.py"]
+
+
+def test_a_module_two_scripts_reach_is_migrated_once_and_written_with_both(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    (project / "evaluate.py").write_text(
+        "import torch\n\nimport engine\nfrom data import fold_loaders\n\n"
+        "model = torch.load('model.pt', weights_only=False)\n"
+        "print(engine.valid_fn(model, fold_loaders(0, 8)[1], torch.device('cpu')))\n"
+    )
+    files = ProjectFiles.of([str(project / "train.py"), str(project / "evaluate.py")])
+    assert sorted(Path(f).name for f in files.files) == ["data.py", "engine.py", "evaluate.py", "train.py"]
+    assert [sorted(Path(f).name for f in group) for group in files.groups()] == [["data.py", "engine.py", "evaluate.py", "train.py"]]
+    done = invoke("apply", "--no-cache", "train.py", "evaluate.py", cwd=project)
+    assert done.output.count("changed engine.py") == 1, done.output
+
+
+def failing_writes(monkeypatch, name: str) -> None:
+    """Writing the file called `name` fails as a full disk would."""
+    real_write = engine.write_atomically
+
+    def write(path, source, replacing=None):
+        if Path(path).name == name:
+            raise OSError(28, "No space left on device")
+        real_write(path, source, replacing)
+
+    monkeypatch.setattr(engine, "write_atomically", write)
+
+
+def test_a_script_and_its_modules_are_written_all_or_nothing(tmp_path, monkeypatch):
+    project = copy_of("fold_trainer", tmp_path)
+    before = sources(project)
+    failing_writes(monkeypatch, "data.py")
+    results = process_files([str(project / "train.py")], plan("item,empty-cache,workers"), jobs=1, write=True, follow_imports=True)
+    assert sources(project) == before  # engine.py, written first, is back as it was
+    errors = {Path(r.path).name: r.error for r in results if r.error}
+    assert "cannot write: No space left on device" in errors["data.py"]
+    assert "not written, since" in errors["engine.py"] and not any(r.written for r in results)
+
+
+def test_files_named_apart_stay_apart(tmp_path, monkeypatch):
+    # a file that fails stops only the files of its own project
+    project = copy_of("fold_trainer", tmp_path)
+    (project / "broken.py").write_text("import torch\nfor x in range(3):\n    torch.cuda.empty_cache()\n")
+    failing_writes(monkeypatch, "broken.py")
+    results = process_files([str(project / "train.py"), str(project / "broken.py")], plan("item,empty-cache"), jobs=1, write=True, follow_imports=True)
+    assert {Path(r.path).name for r in results if r.written} == {"engine.py"}
+    assert "loss.detach()" in (project / "engine.py").read_text()
+    assert "No space left" in next(r.error for r in results if r.path.endswith("broken.py"))
+
+
+@pytest.mark.slow
+def test_a_src_package_with_relative_imports_run_from_tools_and_a_notebook(tmp_path):
+    project = copy_of("src_package", tmp_path)
+    before = run_python(project / "tools" / "train.py", cwd=project)
+    assert before.returncode == 0, before.stderr
+    for entry in ("tools/train.py", "notebooks/fit.ipynb"):
+        files = [Path(f).relative_to(project).as_posix() for f in ProjectFiles.of([str(project / entry)]).files]
+        assert files == [entry, "src/wavefit/loop.py", "src/wavefit/data.py"], files
+    done = invoke("check", "--to", "checklist", "--no-cache", "notebooks/fit.ipynb", cwd=project)
+    assert "src/wavefit/loop.py:18:13: AM413" in done.output, done.output  # the step is there; its device comes from the callers
+    assert "AM005" not in done.output
+    applied = invoke("apply", "--to", "device,item", "--no-cache", "tools/train.py", cwd=project)
+    assert "changed tools/train.py: device" in applied.output, applied.output
+    after = run_python(project / "tools" / "train.py", cwd=project)
+    assert after.returncode == 0 and after.stdout == before.stdout, after.stderr
+
+
+def test_words_that_would_both_own_the_script_are_a_usage_error(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    for words, clash in (("checklist,accelerate", "accelerate cannot run with workers, device, amp"), ("ddp,fsdp", "fsdp cannot run with ddp"), ("fabric,accelerate", "accelerate cannot run with fabric")):
+        done = invoke("apply", "--to", words, "train.py", cwd=project)
+        assert done.exit_code == 2 and clash in done.output, (words, done.output)
+    assert sources(project) == sources(PROJECTS / "fold_trainer")
