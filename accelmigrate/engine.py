@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import contextvars
 import dataclasses
 import difflib
 import gc
@@ -43,7 +44,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from accelmigrate.cache import Outcome, ResultCache
 from accelmigrate.codemods import Finding, infos, load, resolve_infos
 from accelmigrate.codemods._finding import ALL_CODES, Suppressions
+from accelmigrate.codemods.script import project_facts
 from accelmigrate.codemods.script.precheck import SourceFacts, precheck
+from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.codemods.script.rules import words_that_may_apply
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
 from accelmigrate.import_order import first_party_layout, place_new_imports
@@ -92,6 +95,8 @@ NOTES = frozenset({NOT_IN_NOTEBOOK})
 UNKNOWN_CODE_IN_MARK = "AM002"
 UNKNOWN_CODE_IN_CONFIG = "AM003"
 UNUSED_MARK = "AM004"
+# A notebook's code cell that does not parse on its own: the others are migrated.
+UNPARSED_CELL = "AM007"
 # Words that act on a training step: where one finds none in a file, it says
 # where the training runs (AM005, AM006: accelmigrate/training_elsewhere.py).
 TRAINING_WORDS = frozenset({"amp", "ddp", "accelerate", "fabric", "accumulate", "fsdp"})
@@ -104,6 +109,7 @@ ENGINE_CODES = {
     UNUSED_MARK: "skip mark silences nothing",
     TRAINING_ELSEWHERE: "the training runs in an imported module of the project, not in this file",
     TRAINER_LOOP: "the training loop runs in a third-party library's trainer",
+    UNPARSED_CELL: "notebook cell that does not parse: left as written, the other cells migrated",
 }
 
 
@@ -705,12 +711,13 @@ def on_deep_stack(function: Callable, *args):
     if getattr(_deep, "active", False):
         return function(*args)
     outcome: dict[str, object] = {}
+    context = contextvars.copy_context()  # the caller's (the project's facts of the file)
 
     def run() -> None:
         _deep.active = True
         try:
             with _raised_recursion_limit:
-                outcome["value"] = function(*args)
+                outcome["value"] = context.run(function, *args)
         except BaseException as error:  # handed to the caller's thread
             outcome["error"] = error
 
@@ -1000,18 +1007,21 @@ def process_file(
     line_length: Optional[int] = None,
     silenced: frozenset = frozenset(),
     covered: frozenset = frozenset(),
+    project: ProjectFacts = NO_FACTS,
 ) -> FileResult:
     """One file, start to end. Whatever goes wrong becomes this file's error
     (never the run's end); the file is then never written. With a `cache`
     (opened for this plan, mode and black settings), content seen before is
     answered from it. Inserted code is fitted to `line_length` (None: black's
     configured length, else 88). `covered`: the files (resolved) migrated
-    in the same run, whose training is not "elsewhere" (AM005)."""
+    in the same run, whose training is not "elsewhere" (AM005); `project`:
+    what the project's other files tell about this one."""
     try:
         source = read_source(Path(path))
     except InputError as error:
         return FileResult(path, error=str(error))
-    result = _process_source(path, source, plan, check_only, black_config, cache, line_length, silenced, covered)
+    with project_facts.given(project):
+        result = _process_source(path, source, plan, check_only, black_config, cache, line_length, silenced, covered)
     result.encoding, result.read_as = source.encoding, source.read_as
     if write and result.changed:
         write_result(result)
@@ -1103,7 +1113,8 @@ def _cached_outcome(
     if cache is None:
         return _outcome(source.text, path, plan, check_only, black_config, line_length, silenced)
     layout = "" if check_only else first_party_layout(path)
-    key = cache.key(path, source, layout + ("\0" + ",".join(sorted(silenced)) if silenced else ""))
+    facts = project_facts.current().key()  # what the other files of the project say of this one
+    key = cache.key(path, source, layout + ("\0" + ",".join(sorted(silenced)) if silenced else "") + ("\1" + facts if facts else ""))
     outcome = cache.get(key, source)
     if outcome is None or not _still_parses(outcome, path):
         outcome = _outcome(source.text, path, plan, check_only, black_config, line_length, silenced)
@@ -1184,6 +1195,11 @@ def _notebook_outcome(
         if not notebook.is_python:
             return Outcome(None, [])
         migration = migrate_source(notebook.source, plan, path, check_only=check_only, notebook=True, silenced=silenced)
+        unparsed = [
+            Finding(cell.first_line, 1, UNPARSED_CELL, f"this cell does not parse ({why}): it is left as written, and the other cells were migrated without it; fix it and run again", False, "")
+            for cell, why in notebook.unparsed
+        ]
+        migration = dataclasses.replace(migration, findings=sorted(migration.findings + unparsed)) if unparsed else migration
         if migration.code == notebook.source:
             return Outcome(None, migration.findings)
         _ensure_parses(migration.code, path)
@@ -1263,7 +1279,7 @@ def process_files(
     the modules it reaches are written all together or not at all."""
     jobs = jobs or os.cpu_count() or 1
     _classes(plan)  # an unknown word or option is the caller's error, raised before any file is read
-    project = ProjectFiles.of(paths, exclude) if follow_imports else ProjectFiles(list(paths), {}, frozenset())
+    project = ProjectFiles.of(paths, exclude) if follow_imports else ProjectFiles(list(paths), {}, frozenset(), {})
     paths = project.files
     caches: dict[str, Optional[ResultCache]] = {}
 
@@ -1272,7 +1288,10 @@ def process_files(
         key = repr(own)
         if key not in caches:
             caches[key] = _open_cache(cache_folder, own, check_only, black_config, line_length)
-        kwargs = dict(check_only=check_only, black_config=black_config, cache=caches[key], line_length=line_length, covered=project.covered)
+        kwargs = dict(
+            check_only=check_only, black_config=black_config, cache=caches[key], line_length=line_length,
+            covered=project.covered, project=project.facts.get(path, NO_FACTS),
+        )
         return own, ({**kwargs, "silenced": codes.silenced(path, known)} if codes is not None else kwargs)
 
     known = known_codes() if codes is not None else frozenset()

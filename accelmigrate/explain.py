@@ -11,7 +11,7 @@ from typing import Optional
 from accelmigrate.codemods import DEFAULT_WORDS, all_codemods, find, parse_words
 from accelmigrate.engine import (
     CODEMOD_FAILED, ENGINE_CODES, NOT_IN_NOTEBOOK, TRAINER_LOOP, TRAINING_ELSEWHERE, UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK,
-    UNUSED_MARK,
+    UNPARSED_CELL, UNUSED_MARK,
 )
 
 if False:  # for the annotations only: importing the base class imports LibCST
@@ -60,6 +60,13 @@ ENGINE_ADVICE = {
         "`Trainer.fit`, the Hugging Face `Trainer`, Ignite, fastai, ...) runs the loop, where no codemod can reach. "
         "Nothing here was changed for that word. That library has its own switches for mixed precision, several "
         "GPUs and data loading; the finding names them.",
+    ),
+    UNPARSED_CELL: (
+        "error",
+        "A code cell of the notebook does not parse on its own (Jupyter runs each cell alone, so a block or a "
+        "bracket that the next cell completes fails there too). The cell was left exactly as written and the "
+        "codemods migrated the other cells without seeing it: what it defines (a model, a loader) was unknown to "
+        "them. Fix the cell and run again.",
     ),
 }
 

@@ -90,6 +90,9 @@ class Notebook:
     source: str  # the code cells as one Python source
     cells: tuple[CodeCell, ...]
     is_python: bool  # False for another kernel's language: nothing to migrate
+    # The cells that do not parse, (their CodeCell, why): left as written, each
+    # line a placeholder, while the codemods migrate the others.
+    unparsed: tuple[tuple[CodeCell, str], ...] = ()
 
     def cell_position(self, line: int) -> tuple[int, int]:
         """A line of `source` (1-based) as (index in `cells`, line in the cell, 1-based);
@@ -142,11 +145,14 @@ def parse_notebook(text: str, name: str = "<notebook>") -> Notebook:
         raise NotebookError(f"{name}: not an nbformat 4 notebook (a JSON object with nbformat 4 and a list of cells)")
     if not _is_python(document.get("metadata")):
         return Notebook(text, "", (), is_python=False)
-    cells, parts, line = [], [], 1
+    cells, parts, line, unparsed = [], [], 1, []
     for index, span, raw_lines, value in _code_cell_sources(text):
         cell_text = "".join(value) if isinstance(value, list) else value
         python, ipython_lines = _as_python(cell_text)
-        _ensure_cell_parses(python, f"{name}:cell {index + 1}")
+        problem = _cell_problem(python)
+        if problem is not None:  # kept as written, out of the codemods' sight
+            ipython_lines = cell_text.splitlines(keepends=True)
+            python = "".join(PLACEHOLDER + _newline_of(each) for each in ipython_lines)
         newline_added = bool(python) and not python.endswith("\n")
         python += "\n" if newline_added else ""
         parts += [CELL_MARKER.format(index=index) + "\n", python]
@@ -154,23 +160,27 @@ def parse_notebook(text: str, name: str = "<notebook>") -> Notebook:
         cells.append(
             CodeCell(index, cell_text, line + 1, count, tuple(ipython_lines), newline_added, span, tuple(raw_lines))
         )
+        if problem is not None:
+            unparsed.append((cells[-1], problem))
         line += 1 + count
-    return Notebook(text, "".join(parts), tuple(cells), is_python=True)
+    return Notebook(text, "".join(parts), tuple(cells), is_python=True, unparsed=tuple(unparsed))
 
 
-def _ensure_cell_parses(python: str, where: str) -> None:
-    """Jupyter runs each cell on its own, so each must parse on its own: a
-    block or a bracket that a later cell completes parses only when the
-    cells are joined, and fails in Jupyter."""
+def _cell_problem(python: str) -> Optional[str]:
+    """Why the cell does not parse on its own, or None. Jupyter runs each
+    cell on its own, so each must parse on its own: a block or a bracket
+    that a later cell completes parses only when the cells are joined, and
+    fails in Jupyter."""
     try:
         ast.parse(python)
     except SyntaxError as error:
         position = f"{error.lineno}:{error.offset}" if error.offset else f"{error.lineno}"
-        raise NotebookError(f"{where}:{position}: syntax error: {error.msg} (each cell must parse on its own)") from None
+        return f"{position}: syntax error: {error.msg} (each cell must parse on its own)"
     except (RecursionError, MemoryError):
-        raise NotebookError(f"{where}: nested too deeply for Python's own parser") from None
+        return "nested too deeply for Python's own parser"
     except ValueError as error:  # a NUL character
-        raise NotebookError(f"{where}: {error}") from None
+        return str(error)
+    return None
 
 
 def _is_python(metadata) -> bool:

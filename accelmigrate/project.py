@@ -20,7 +20,9 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES
 from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
+from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import excluded
 
@@ -33,6 +35,8 @@ MAX_DEPTH = 4
 MAX_MODULES = 80
 # A module is read only if it is of a size a hand-written module has.
 MAX_MODULE_BYTES = 2 * 2**20
+# torch's gradient clipping, by the last part of its name.
+CLIPPING = frozenset({"clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,17 +78,125 @@ def reached_modules(tree: ast.Module, script: Path, follow: Callable[[Reached], 
             queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(reached.tree, file.parent))
 
 
+def facts_of_project(path: Path, read: dict, devices: frozenset = frozenset()) -> ProjectFacts:
+    """What the modules `path` imports tell about it (codemods/script/project_facts.py),
+    with `devices`, its device parameters; `read` keeps the modules read, for
+    the other files of the run."""
+    tree = _script_tree(path)
+    if tree is None:
+        return NO_FACTS
+    gradients = set()
+    for _, module, file in _imported_files(tree, path.resolve().parent):
+        if _module_tree(file, read) is not None:
+            gradients.update(f"{module}.{name}" for name in _gradient_functions(_module_tree(file, read)))
+    return ProjectFacts(gradient_functions=frozenset(gradients), device_parameters=devices)
+
+
+def device_parameters(files: Sequence[str], read: dict) -> dict[str, frozenset]:
+    """For each module (resolved path) of the project, its functions'
+    parameters named as a device (`fit.device`) that every call in `files`
+    passes a device, as the calling file's script model reads it."""
+    verdicts: dict[tuple[str, str], list[bool]] = collections.defaultdict(list)
+    for path in files:
+        tree = _script_tree(Path(path))
+        candidates = _device_taking_functions(tree, Path(path), read) if tree is not None else {}
+        called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "") for node in ast.walk(tree) if isinstance(node, ast.Call)} if candidates else set()
+        if any(name.rpartition(".")[2] in called for name in candidates):
+            for key, passed in _devices_passed(Path(path), candidates):
+                verdicts[key].append(passed)
+    found: dict[str, set] = collections.defaultdict(set)
+    for (file, parameter), passed in verdicts.items():
+        if all(passed):
+            found[file].add(parameter)
+    return {file: frozenset(parameters) for file, parameters in found.items()}
+
+
+def _device_taking_functions(tree: ast.Module, path: Path, read: dict) -> dict[str, tuple[str, list[str]]]:
+    """`module.function` as this file names it -> (the module's file, the
+    function's positional parameters), for the functions of the modules it
+    imports that take a parameter named as a device."""
+    found = {}
+    for _, module, file in _imported_files(tree, path.resolve().parent):
+        for node in getattr(_module_tree(file, read), "body", ()):
+            if isinstance(node, ast.FunctionDef):
+                parameters = [a.arg for a in [*node.args.posonlyargs, *node.args.args]]
+                if DEVICE_PARAMETER_NAMES & {*parameters, *(a.arg for a in node.args.kwonlyargs)}:
+                    found[f"{module}.{node.name}"] = (str(file), parameters)
+    return found
+
+
+def _devices_passed(path: Path, candidates: dict) -> Iterator[tuple[tuple[str, str], bool]]:
+    """((module file, `function.parameter`), whether a device is passed) for
+    each device parameter at each call of a candidate in the file."""
+    import libcst as cst  # only for a file that calls such a function
+
+    from accelmigrate.codemods._syntax import has_star_args, walk
+    from accelmigrate.codemods.script import ScriptModel
+
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+        script = ScriptModel.of(cst.parse_module(parse_notebook(text, str(path)).source if is_notebook(str(path)) else text))
+    except Exception:  # a file LibCST cannot read: its calls are no evidence either way
+        return
+    for call in walk(script.module):
+        if not isinstance(call, cst.Call):
+            continue
+        for name in script.qualified_names(call.func) & candidates.keys():
+            file, parameters = candidates[name]
+            function = name.rpartition(".")[2]
+            keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            for parameter in DEVICE_PARAMETER_NAMES & {*parameters, *keywords}:
+                index = parameters.index(parameter) if parameter in parameters else len(positional)
+                value = keywords.get(parameter, positional[index] if index < len(positional) else None)
+                passed = value is not None and not has_star_args(call) and script.holds_device(value, call)
+                yield (file, f"{function}.{parameter}"), passed
+
+
+def _module_tree(file: Path, read: dict) -> Optional[ast.Module]:
+    if file not in read:
+        read[file] = _read(file)
+    return read[file][0] if read[file] is not None else None
+
+
+def _gradient_functions(tree: ast.Module) -> Iterator[str]:
+    """The module-level functions that clip gradients or read a `.grad`
+    (other than to clear it or test it against None)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _uses_gradients(node):
+            yield node.name
+
+
+def _uses_gradients(function: ast.AST) -> bool:
+    parents = {id(child): parent for parent in ast.walk(function) for child in ast.iter_child_nodes(parent)}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if callee in CLIPPING:
+                return True
+        elif isinstance(node, ast.Attribute) and node.attr == "grad" and isinstance(node.ctx, ast.Load):
+            parent = parents.get(id(node))
+            clears = isinstance(parent, ast.Attribute) and parent.attr in ("zero_", "detach_", "requires_grad_")
+            tested = isinstance(parent, ast.Compare) and all(isinstance(op, (ast.Is, ast.IsNot)) for op in parent.ops)
+            if not (clears or tested):
+                return True
+    return False
+
+
+def _script_tree(script: Path) -> Optional[ast.Module]:
+    try:
+        text = script.read_text(encoding="utf-8-sig")
+        return ast.parse(parse_notebook(text, str(script)).source if is_notebook(str(script)) else text)
+    except (OSError, UnicodeDecodeError, NotebookError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None  # reading the script itself reports what is wrong with it
+
+
 def training_path(script: Path) -> list[Reached]:
     """The modules of `script`'s project that the migration of `script`
     takes in: those it reaches that use torch (the training loop, the
     loaders, the models, the helpers that save and log)."""
-    try:
-        text = script.read_text(encoding="utf-8-sig")
-        code = parse_notebook(text, str(script)).source if is_notebook(str(script)) else text
-        tree = ast.parse(code)
-    except (OSError, UnicodeDecodeError, NotebookError, SyntaxError, ValueError, RecursionError, MemoryError):
-        return []  # reading the script itself reports what is wrong with it
-    return [module for module in reached_modules(tree, script) if module.facts.imports_torch]
+    tree = _script_tree(script)
+    return [module for module in reached_modules(tree, script) if module.facts.imports_torch] if tree is not None else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +207,7 @@ class ProjectFiles:
     files: list[str]
     reached_from: dict[str, list[str]]  # a named file -> the modules it brought in
     without_training: frozenset  # the modules brought in that hold no training step
+    facts: dict[str, ProjectFacts]  # what the project's other files tell about each file
 
     @classmethod
     def of(cls, paths: Sequence[str], exclude: Sequence[str] = ()) -> "ProjectFiles":
@@ -112,7 +225,10 @@ class ProjectFiles:
                     files.append(shown)
                     if not module.trains:
                         without_training.add(shown)
-        return cls(files, reached_from, frozenset(without_training))
+        read: dict = {}
+        devices = device_parameters([path for path in files if os.path.isfile(path)], read)
+        facts = {path: facts_of_project(Path(path), read, devices.get(_key(path), frozenset())) for path in files if os.path.isfile(path)}
+        return cls(files, reached_from, frozenset(without_training), {p: f for p, f in facts.items() if f != NO_FACTS})
 
     @property
     def covered(self) -> frozenset:

@@ -193,8 +193,13 @@ Left alone (with a finding that says what to do by hand)
       args.use_optimizer: optimizer.step()` and a hand-written update under
       `else:`): with float16 they would carry the loss scale (AM415);
     - no device binding in reach (AM413: a device string, a `device`
-      parameter that no call in the file sets), the device bound inside the loop,
-      several optimizers stepped only in separate branches (AM415);
+      parameter that no call in the file or in the project's files migrated
+      with it sets), the device bound inside the loop, several optimizers
+      stepped only in separate branches (AM415);
+    - a binary cross-entropy on probabilities (`F.binary_cross_entropy`, an
+      `nn.BCELoss` however it reaches the step) in the forward and loss, or
+      in an evaluation, on a device that may be CUDA: CUDA autocast refuses
+      it (AM418; `nn.BCEWithLogitsLoss` on the logits is the fix);
     - apex as a whole when one of its uses has no native equivalent
       (`amp.register_float_function`, ...: AM416).
 
@@ -203,8 +208,15 @@ Left alone (with a finding that says what to do by hand)
     unscaling before clipping, casts back for numpy: one AM407 per file).
 
     Steps that already run under autocast or scale their loss (a previous
-    run, or the user's own native AMP) are left as they are, and so are
-    no_grad blocks that only update parameters in place (an EMA).
+    run, or the user's own native AMP) are left as they are, with the note
+    AM408, and so are no_grad blocks that only update parameters in place
+    (an EMA).
+
+    Across the project: a function of the file that another file of the
+    project calls with a device (`fit(model, device=device)` in `train.py`)
+    reads its device type as `torch.device(device).type`; gradients clipped
+    or read through a function of the project (this file's or an imported
+    module's) between the backward and the step are unscaled first.
 """
 
 from __future__ import annotations
@@ -404,7 +416,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         for region in regions:
             if self.device_at(region.first) is not device:
                 raise Problem(region.first, "AM415", "the device is bound inside the forward pass: bind it before the loop, then run again")
-            refused = self.refused_under_autocast(region)
+            refused = self.refused_under_autocast(region) if device.kind != CPU else None  # CPU autocast computes it in float32
             if refused is not None:
                 raise Problem(refused, "AM418", f"`{code_of(refused.func)}` computes a binary cross-entropy on probabilities, which torch refuses under autocast (CUDA autocast raises at the first step): use `nn.BCEWithLogitsLoss` on the logits (without the final sigmoid), then run amp again; or add autocast by hand, computing this loss in float32 after the autocast block (`criterion(out.float(), y)`)")
             region.header = self.autocast_text(device, region.first)

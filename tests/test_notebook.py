@@ -357,7 +357,8 @@ def test_main_guard_ddp_and_what_needs_them_leave_a_notebook_alone_with_one_note
 def test_a_syntax_error_names_its_cell(tmp_path: Path):
     path = saved(tmp_path, notebook(code(lines(SETUP)), code(["x = (1,\n", "print(x)"])))
     result = process_file(str(path), DEFAULT_PLAN)
-    assert result.error is not None and f"{path}:cell 2:1:" in result.error
+    (finding,) = [f for f in result.findings if f.code == "AM007"]
+    assert result.error is None and (finding.cell, finding.line) == (2, 1) and "1:5: syntax error" in finding.message
 
 
 def test_a_notebook_that_is_not_json_is_that_files_error(tmp_path: Path):
@@ -441,21 +442,25 @@ def test_the_notebook_note_does_not_fail_check(tmp_path: Path):
         (["try:\n", "    import tqdm\n"], ["except ImportError:\n", "    tqdm = None"]),  # a statement split
     ],
 )
-def test_a_cell_that_parses_only_joined_to_the_next_is_refused(tmp_path: Path, first, second):
-    path = saved(tmp_path, notebook(code(lines(SETUP)), markdown(["# Steps"]), code(first), code(second)))
-    data = path.read_bytes()
+def test_a_cell_that_parses_only_joined_to_the_next_is_left_and_the_others_migrated(tmp_path: Path, first, second):
+    training = TRAINING.replace("            optimizer.step()\n", "            optimizer.step()\n            torch.cuda.empty_cache()\n")
+    path = saved(tmp_path, notebook(code(lines(SETUP)), code(lines(training)), markdown(["# Steps"]), code(first), code(second)))
     result = process_file(str(path), DEFAULT_PLAN, write=True)
-    assert result.error is not None and result.error.startswith(f"{path}:cell 3:"), result.error
-    assert "syntax error" in result.error and "\n" not in result.error
-    assert (result.written, path.read_bytes()) == (False, data)
+    assert result.error is None and result.written, result.error
+    unparsed = [f for f in result.findings if f.code == "AM007"]
+    assert [f.cell for f in unparsed][:1] == [4] and all(not f.fixed for f in unparsed), result.findings
+    assert "syntax error" in unparsed[0].message and "(each cell must parse on its own)" in unparsed[0].message
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    assert cells[2]["source"] == first and cells[3]["source"] == second  # left exactly as written
+    assert "empty_cache" not in "".join(cells[1]["source"])  # the training cell is migrated
 
 
-def test_a_notebook_with_a_cell_that_does_not_parse_alone_is_an_error_and_the_rest_is_processed(tmp_path: Path):
+def test_a_notebook_with_a_cell_that_does_not_parse_alone_fails_the_check_at_that_cell(tmp_path: Path):
     saved(tmp_path, notebook(code(["for step in range(3):\n"]), code(["    print(step)"])), "split.ipynb")
     (tmp_path / "train.py").write_text("import torch\n\nfor step in range(3):\n    torch.cuda.empty_cache()\n")
     checked = run_cli("check", "--no-cache", "--to", "empty-cache", str(tmp_path))
-    assert checked.returncode == 2, checked.stdout + checked.stderr
-    assert f"error: {tmp_path / 'split.ipynb'}:cell 1:" in checked.stderr
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert f"{tmp_path / 'split.ipynb'}:cell 1:1:1: AM007 this cell does not parse" in checked.stdout
     assert "train.py:4:5: AM210" in checked.stdout
 
 

@@ -142,12 +142,33 @@ def test_a_src_package_with_relative_imports_run_from_tools_and_a_notebook(tmp_p
         files = [Path(f).relative_to(project).as_posix() for f in ProjectFiles.of([str(project / entry)]).files]
         assert files == [entry, "src/wavefit/loop.py", "src/wavefit/data.py"], files
     done = invoke("check", "--to", "checklist", "--no-cache", "notebooks/fit.ipynb", cwd=project)
-    assert "src/wavefit/loop.py:18:13: AM413" in done.output, done.output  # the step is there; its device comes from the callers
+    # amp fixes the step in loop.py, whose device every caller passes; only item's manual step is left there
+    assert "src/wavefit/loop.py:20:13: AM203" in done.output and "AM413" not in done.output, done.output
     assert "AM005" not in done.output
-    applied = invoke("apply", "--to", "device,item", "--no-cache", "tools/train.py", cwd=project)
-    assert "changed tools/train.py: device" in applied.output, applied.output
+    applied = invoke("apply", "--to", "checklist", "--no-cache", "tools/train.py", cwd=project)
+    assert "changed tools/train.py: device" in applied.output and "changed src/wavefit/loop.py: amp" in applied.output, applied.output
+    loop = (project / "src" / "wavefit" / "loop.py").read_text()
+    assert "    amp_dtype = autocast_dtype(device)\n" in loop and "device_type=torch.device(device).type," in loop
     after = run_python(project / "tools" / "train.py", cwd=project)
-    assert after.returncode == 0 and after.stdout == before.stdout, after.stderr
+    assert after.returncode == 0 and after.stdout == before.stdout, after.stderr  # float32 on the CPU: the same losses
+
+
+def test_a_device_every_caller_in_the_project_passes_is_a_fact_of_the_module(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    facts = ProjectFiles.of([str(project / "train.py")]).facts
+    assert next(f for path, f in facts.items() if path.endswith("engine.py")).device_parameters == {"train_fn.device", "valid_fn.device"}
+    (project / "other.py").write_text("import engine\n\nengine.valid_fn(None, [], 0)\n")  # an index, not a device
+    facts = ProjectFiles.of([str(project / "train.py"), str(project / "other.py")]).facts
+    engine_facts = next(f for path, f in facts.items() if path.endswith("engine.py"))
+    assert engine_facts.device_parameters == {"train_fn.device"}
+
+
+def test_amp_in_a_loop_module_whose_optimizer_comes_from_the_caller_says_where_the_scaler_goes(tmp_path):
+    project = copy_of("fold_trainer", tmp_path)
+    results = process_files([str(project / "train.py")], plan("amp"), jobs=1, follow_imports=True)
+    engine_result = next(r for r in results if r.path.endswith("engine.py"))
+    assert [f.code for f in engine_result.findings if not f.fixed] == ["AM414"]
+    assert "device_type=torch.device(device).type" in engine_result.migrated  # valid_fn's evaluation
 
 
 def test_words_that_would_both_own_the_script_are_a_usage_error(tmp_path):

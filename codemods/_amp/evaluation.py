@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .._base import code_of, is_docstring, walk
-from .plan import ACCESSORS, Problem
+from .plan import ACCESSORS, CPU, Problem
 
 
 class Evaluation:
@@ -58,11 +58,11 @@ class Evaluation:
         return refused is not None
 
     def plan_evaluation_block(self, with_node: cst.With) -> None:
-        if self.refused_evaluation(with_node.body):
-            return
         device = self.device_at(with_node)
         if device is None:
             self.report(with_node, "AM413", "evaluation under no_grad with no device binding in reach (a `device` parameter may be a string): add `torch.autocast(device_type=device.type, dtype=amp_dtype)` to this block by hand")
+            return
+        if device.kind != CPU and self.refused_evaluation(with_node.body):
             return
         try:
             header = self.autocast_text(device, with_node)
@@ -82,8 +82,6 @@ class Evaluation:
         self.use_dtype(device)
 
     def plan_evaluation_function(self, function: cst.FunctionDef) -> None:
-        if self.refused_evaluation(function.body):
-            return
         statements = list(function.body.body)
         first = 1 if is_docstring(statements[0]) and len(statements) > 1 else 0
         device = self.device_at(statements[first])
@@ -93,6 +91,8 @@ class Evaluation:
         name = function.name.value
         if device is None:
             self.report(function, "AM413", f"{name}() runs under no_grad with no device binding in reach: wrap its forward in `torch.autocast(device_type=device.type, dtype=amp_dtype)` by hand")
+            return
+        if device.kind != CPU and self.refused_evaluation(function.body):
             return
         try:
             header = self.autocast_text(device, statements[first])

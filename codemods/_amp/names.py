@@ -413,7 +413,7 @@ class Resolution:
         reach, or passed in by every caller."""
         root, _, attribute = name.partition(".")
         if not attribute:
-            return self.resolve_name(name, site, ("device",)) or self.passed_in(name, site, self.device_passed, depth)
+            return self.resolve_name(name, site, ("device",)) or self.passed_in(name, site, self.device_passed, depth) or self.passed_from_elsewhere(name, site)
         roots = self.facts.bindings_of(root, site)
         if len(roots) == 1 and roots[0].kind == "param":
             return self.passed_in(root, site, lambda e, s, d: self.attribute_device(e, attribute, s, d), depth, name)

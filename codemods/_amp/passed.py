@@ -52,6 +52,21 @@ class Passed:
         self.passed[ref.key] = (function, sources)
         return ref
 
+    def passed_from_elsewhere(self, name: str, site: cst.CSTNode) -> Optional[Ref]:
+        """A Ref of kind "param" when `name` is a parameter of a module-level
+        function this file never calls, and every call in the project's other
+        files passes it a device (the project's facts). What they pass may be
+        a string: its type is read as `torch.device(name).type`."""
+        function = self.facts.function_at(site)
+        bindings = self.facts.bindings_of(name, site)
+        if function is None or function.callers or len(bindings) != 1 or bindings[0].kind != "param":
+            return None
+        if bindings[0].scope is not function.scope or function.node not in self.script.module.body:
+            return None
+        if f"{function.name}.{name}" not in self.script.project.device_parameters:
+            return None
+        return Ref("param", name, function.scope, [])
+
     def device_passed(self, expression: cst.BaseExpression, site: cst.CSTNode, depth: int = 0) -> Optional[Ref]:
         if not isinstance(expression, cst.Name):
             return None

@@ -13,8 +13,9 @@ from ..script import vocabulary as v
 from .plan import APEX_MASTER_PARAMS, RUNTIME_DEVICE, MOVES, Backward, Block, Problem, Region, is_block, method_call
 
 
-# Losses torch will not compute under autocast (its CUDA autocast raises at
-# the first step): float16 cannot hold the probabilities they take the log of.
+# Losses torch will not compute under CUDA autocast (it raises at the first
+# step): float16 cannot hold the probabilities they take the log of. (CPU
+# autocast computes them in float32.)
 REFUSED_UNDER_AUTOCAST = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss"})
 FOLLOWED_CALLS = 2  # how deep calls of the file's own functions are followed for one
 
@@ -219,8 +220,12 @@ class Regions:
         return False
 
     def gradient_users(self, unit: cst.CSTNode) -> list:
-        """Clipping calls and reads of `.grad` in the unit."""
-        users = [c for c in self.calls_within(unit) if self.is_call_to(c, CLIP_GRAD_FUNCTIONS | {APEX_MASTER_PARAMS})]
+        """Clipping calls, reads of `.grad`, and calls of the project's own
+        functions that clip or read gradients, in the unit."""
+        users = [
+            c for c in self.calls_within(unit)
+            if self.is_call_to(c, CLIP_GRAD_FUNCTIONS | {APEX_MASTER_PARAMS}) or self.uses_gradients_through(c, FOLLOWED_CALLS)
+        ]
         grads = [n for n in walk(unit, into_definitions=False) if isinstance(n, cst.Attribute) and n.attr.value == "grad"]
         for attribute in grads:
             if (
@@ -230,6 +235,21 @@ class Regions:
             ):
                 users.append(attribute)
         return users
+
+    def uses_gradients_through(self, call: cst.Call, depth: int) -> bool:
+        """`call` runs a function of the project that clips or reads
+        gradients: one of another module (the project's facts) or of this file."""
+        if self.qualified_names(call.func) & self.script.project.gradient_functions:
+            return True
+        callee = self.script.flow.callee(call, self.script.scope_of(call)) if depth else None
+        if callee is None:
+            return False
+        for node in walk(callee[0].node.body, into_definitions=False):
+            if isinstance(node, cst.Call) and (self.is_call_to(node, CLIP_GRAD_FUNCTIONS) or self.uses_gradients_through(node, depth - 1)):
+                return True
+            if isinstance(node, cst.Attribute) and node.attr.value == "grad" and not self.facts.stored(node) and not self.only_clears(node):
+                return True
+        return False
 
     def only_clears(self, attribute: cst.Attribute) -> bool:
         """`p.grad.zero_()`, `p.grad.detach_()`, `if p.grad is not None`."""

@@ -21,12 +21,13 @@ from typing import Optional
 import libcst as cst
 
 from .._syntax import code_of
+from . import vocabulary as v
 from .entities import Entities
 from .positions import Lines
 from .scopes import Binding, Index, Scope
 
 DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
-DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})
+DEVICE_PARAMETER_NAMES = v.DEVICE_PARAMETER_NAMES
 DEVICE_FLAGS = frozenset({"--device", "--gpu", "--cuda", "--no-cuda", "--no_cuda"})
 STRING_FLAGS = frozenset({"--device"})  # flags whose value names a device (`--gpu` is an index)
 
@@ -77,7 +78,7 @@ def _device_kind(binding: Binding, entities: Entities) -> Optional[str]:
     if binding.kind == "param":
         last = binding.name.rsplit("_", 1)[-1]
         default = binding.value
-        if binding.name in DEVICE_PARAMETER_NAMES or last == "device" or (default is not None and _is_device_string(default)):
+        if binding.name in DEVICE_PARAMETER_NAMES or last == "device" or (default is not None and is_device_string(default)):
             return "parameter"
         return None
     if binding.value is None or binding.kind != "assign":
@@ -85,13 +86,13 @@ def _device_kind(binding: Binding, entities: Entities) -> Optional[str]:
     entity = entities.of_binding(binding)
     if entity is not None and entity.kind == "device":
         return "get_device" if entity.made_by.endswith("get_device") else "torch.device"
-    return "string" if _is_device_string(binding.value) else None
+    return "string" if is_device_string(binding.value) else None
 
 
-def _is_device_string(value: cst.BaseExpression) -> bool:
+def is_device_string(value: cst.BaseExpression) -> bool:
     """"cuda", "cuda:0", f"cuda:{rank}", or a choice between such strings."""
     if isinstance(value, cst.IfExp):
-        return _is_device_string(value.body) and _is_device_string(value.orelse)
+        return is_device_string(value.body) and is_device_string(value.orelse)
     if isinstance(value, cst.SimpleString):
         text = value.evaluated_value
         return isinstance(text, str) and text.split(":")[0] in DEVICE_STRINGS
@@ -118,7 +119,7 @@ def _config_device_key(binding: Binding) -> Optional[str]:
         entries = [(a.keyword.value, a.value) for a in value.args if a.keyword is not None]
     else:
         return None
-    return next((key for key, entry in entries if key == "device" and _is_device_string(entry)), None)
+    return next((key for key, entry in entries if key == "device" and is_device_string(entry)), None)
 
 
 def _device_flag(call: cst.Call) -> Optional[str]:
@@ -131,4 +132,4 @@ def _device_flag(call: cst.Call) -> Optional[str]:
     return None
 
 
-__all__ = ["DeviceBinding", "device_bindings"]
+__all__ = ["DeviceBinding", "device_bindings", "is_device_string"]

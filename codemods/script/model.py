@@ -27,10 +27,12 @@ from typing import Callable, Optional, TypeVar, Union
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from .devices import DeviceBinding, device_bindings
+from .devices import DeviceBinding, device_bindings, is_device_string
 from .entities import Entities, Entity
 from .flow import EntryPoint, Flow, Function
 from .positions import Lines
+from .project_facts import ProjectFacts
+from .project_facts import current as current_project_facts
 from .scopes import Binding, Index, Scope
 from . import vocabulary as v
 from .steps import EvaluationRegion, Loop, Steps, TrainingStep
@@ -55,6 +57,8 @@ class ScriptModel:
         self._steps = steps
         self.devices: list[DeviceBinding] = device_bindings(self.index, self._entities, lines)
         self.entry: EntryPoint = self.flow.entry_point()
+        # What the project's other files tell about this one (the engine's, while it migrates it).
+        self.project: ProjectFacts = current_project_facts()
         self._derived: dict = {}
 
     def derived(self, build: Callable[["ScriptModel"], _Facts]) -> _Facts:
@@ -246,6 +250,22 @@ class ScriptModel:
     def function_at(self, node: cst.CSTNode) -> Optional[Function]:
         """The function whose code holds `node`."""
         return self.flow.function_of(self.index.scope_of(node))
+
+    def holds_device(self, expression: cst.BaseExpression, site: cst.CSTNode) -> bool:
+        """`expression`, read at `site`, holds a device: `torch.device(...)`,
+        a device string, a name every binding of which in reach binds one,
+        or `args.device` of a `--device` flag."""
+        if isinstance(expression, (cst.SimpleString, cst.FormattedString, cst.IfExp)):
+            return is_device_string(expression)
+        if isinstance(expression, cst.Call):
+            return self.kind_of(expression) == "device"
+        devices = {id(d.node) for d in self.devices if d.kind in ("torch.device", "get_device", "string")}
+        if isinstance(expression, cst.Name):
+            bindings = self.bindings_of(expression.value, site)
+            return bool(bindings) and all(id(b.node) in devices for b in bindings)
+        if isinstance(expression, cst.Attribute) and expression.attr.value == "device" and isinstance(expression.value, cst.Name):
+            return any(d.kind == "flag" and d.name == "--device" for d in self.devices)
+        return False
 
     def values_of(self, holder: cst.BaseExpression, depth: int = 2) -> list[cst.BaseExpression]:
         """What `holder` (a name, `self.x`) may hold: the values assigned to

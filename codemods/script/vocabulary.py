@@ -206,7 +206,12 @@ SELF_RETURNING_MODULE_METHODS = frozenset(
     {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "type", "requires_grad_", "to_empty"}
 )
 
+# Parameters that receive a device (`def train(model, loader, device)`).
+DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})
+
+
 __all__ = [
+    "DEVICE_PARAMETER_NAMES",
     "ALREADY_DISTRIBUTED",
     "AMP_NAMES",
     "AMP_PREFIXES",
