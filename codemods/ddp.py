@@ -361,6 +361,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         except CannotMigrate as failure:
             self.report(failure.node, failure.code, failure.message)
             return True
+        self._note_if_distributed_already()
         # Joining the group and wrapping the model go together with the rest:
         # sharding the data without them would train a model per rank.
         if any(self.is_suppressed(step.node, step.code) for step in self._steps if step.core):
@@ -446,6 +447,17 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
             raise CannotMigrate(
                 found[0], "AM526",
                 "this script already sets up torch.distributed: ddp changed nothing; "
+                "launch it with `accelmigrate run --nproc-per-node N`",
+            )
+
+    def _note_if_distributed_already(self) -> None:
+        """A training script with nothing left to do (ddp's own output, run
+        again) says so: ddp never changes nothing without a word."""
+        wrapped = self._calls_to(v.DISTRIBUTED_DATA_PARALLEL) if self._uses.backward_calls and not self._steps else []
+        if wrapped and not self.findings:
+            self.report(
+                wrapped[0], "AM526",
+                "this script is distributed already (its model in DistributedDataParallel): ddp left it as it is; "
                 "launch it with `accelmigrate run --nproc-per-node N`",
             )
 

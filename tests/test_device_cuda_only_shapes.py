@@ -36,8 +36,8 @@ np.random.seed(0)
 cuda = True if torch.cuda.is_available() else False
 
 generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
-discriminator = nn.Sequential(nn.Linear(4, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1), nn.Sigmoid())
-adversarial_loss = nn.BCELoss()
+discriminator = nn.Sequential(nn.Linear(4, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+adversarial_loss = nn.BCEWithLogitsLoss()  # on probabilities (nn.BCELoss), amp would refuse it (AM418)
 generator.cuda()
 discriminator.cuda()
 adversarial_loss.cuda()
