@@ -46,9 +46,11 @@ class CallPlans:
                 self._report_in_default(call)
                 continue
             kind = self._move_kind(call)
+            if self._placed_by_its_cuda_call(call):
+                continue  # `.cuda(torch.device("cuda", i))`: the `.cuda` call places it (`device_at(i)`)
             if kind == "cuda":
                 self._plan_cuda_method(call)
-            elif kind == "torch.device":
+            elif kind == "torch.device" and self._torch_device_value(call).kind not in (EXPLICIT_GPU, COMPUTED_GPU):
                 self._plan_torch_device(call)
             elif kind == "legacy":
                 self._plan_legacy(call)
@@ -64,6 +66,12 @@ class CallPlans:
                     self.report(call, "AM310", self._explicit_reason())
                 elif kind == COMPUTED_GPU:
                     self._plan_computed(call, f"`{code_of(call)}`")
+
+    def _placed_by_its_cuda_call(self, call: cst.Call) -> bool:
+        """`call` is the argument of a `.cuda(...)` call: the device it names is that call's to place."""
+        arg = self.parent(call)
+        outer = self.parent(arg) if isinstance(arg, cst.Arg) else None
+        return isinstance(outer, cst.Call) and self._move_kind(outer) == "cuda" and self.is_call_to(call, TORCH_DEVICE)
 
     def _report_in_default(self, call: cst.Call) -> None:
         """A placement in a parameter default runs where the function is
@@ -88,14 +96,16 @@ class CallPlans:
             self.report(call, "AM310", f"`.cuda({code_of(index)})`: {self._explicit_reason()}")
             return
         if index_kind == COMPUTED_GPU:
+            written = code_of(index)
+            index = self._computed_index(index) or index  # `.cuda(torch.device("cuda", i))`: GPU i, as `device_at(i)` says once
             passed_in = self._is_parameter(index, defaulting_to_none=True) or (
                 self._is_parameter(index) and "dev" in code_of(index).lower()
             )
             placement = "" if passed_in else self._device_at(call, index)
             if not placement:
                 advice = PASSED_IN_ADVICE if passed_in else COMPUTED_ADVICE
-                self.report(call, "AM313", f"`.cuda({code_of(index)})`: {advice}")
-            elif self.fix(call, "AM313", f"`.cuda({code_of(index)})` -> `.to({placement})`: the same GPU per process with CUDA, the runtime's device without"):
+                self.report(call, "AM313", f"`.cuda({written})`: {advice}")
+            elif self.fix(call, "AM313", f"`.cuda({written})` -> `.to({placement})`: the same GPU per process with CUDA, the runtime's device without"):
                 expression = self._use_placement(call, placement)
                 self._edits[call] = lambda updated: to_call(updated, expression)
             return
