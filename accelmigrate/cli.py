@@ -229,6 +229,8 @@ def _with_codes(config: Config, select: Sequence[str], ignore: Sequence[str]) ->
     to its `ignore`); a code or prefix of the command line that names no
     code is a usage error."""
     chosen, ignored = _codes(select), _codes(ignore) or []
+    if chosen == []:  # `--select ''`: a check that selects nothing would pass having checked nothing
+        raise UsageError("--select: names no code; give codes or prefixes (AM1, AM501), or leave --select out for every code")
     known = known_codes()
     for flag, codes in (("--select", chosen or []), ("--ignore", ignored)):
         unknown = [code for code in codes if not any(k.startswith(code) for k in known)]

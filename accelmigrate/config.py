@@ -151,6 +151,8 @@ def load_config(start: Path) -> Config:
     select = section.get("select")
     if select is not None:
         select = check.strings(select, "[tool.accelmigrate] 'select'")
+        if not select:  # a check that selects nothing would pass having checked nothing
+            raise ConfigError(f"{pyproject}: [tool.accelmigrate] 'select' names no code; give codes or prefixes, or leave 'select' out for every code")
     ignore = check.strings(section.get("ignore", []), "[tool.accelmigrate] 'ignore'")
     per_file = {
         str(glob): check.strings(codes, f"[tool.accelmigrate.per-file-ignores] {glob!r}")

@@ -58,7 +58,8 @@ from accelmigrate.training_elsewhere import TRAINER_LOOP, TRAINING_ELSEWHERE, tr
 SUPPRESSION_MARK = "accelmigrate:"
 # `skip`, `skip[AM101]`, `skip [AM101, AM201]`, `skip[AM101 AM201]`; not `skipped`;
 # `skip-file` (no codemod runs on the file), `skip-file[AM101]` (those codes nowhere in it).
-_SKIP = re.compile(r"accelmigrate:\s*skip(-file)?(?![\w-])(?:\s*\[([^\]]*)\])?")
+# A bracket left open (`skip[AM101`) still names its codes: it never silences every code.
+_SKIP = re.compile(r"accelmigrate:\s*skip(-file)?(?![\w-])(?:\s*\[([^\]]*)\]?)?")
 
 # Selected codemods with their options; a plain, picklable description so that
 # worker processes can rebuild it.

@@ -348,15 +348,17 @@ def _code_cell_sources(text: str) -> Iterator[tuple[int, tuple[int, int], list[t
         for index, (cell_start, _) in enumerate(_elements(text, cells_start)):
             members = {key: (a, b) for key, a, b in _members(text, cell_start)}
             cell_type = _value(text, members.get("cell_type"))
+            if not isinstance(cell_type, str):  # nbformat 4 requires it: a cell of unknown kind is never skipped unseen
+                raise NotebookError(f"cell {index + 1}: no `cell_type` (code, markdown or raw): not an nbformat 4 cell")
             if cell_type != "code" or "source" not in members:
                 continue
             span = members["source"]
             value = _value(text, span)
             raw_lines = list(_elements(text, span[0])) if isinstance(value, list) else []
             if isinstance(value, list) and not all(isinstance(line, str) for line in value):
-                raise NotebookError(f"cell {index}: `source` is not text")
+                raise NotebookError(f"cell {index + 1}: `source` is not text")
             if not isinstance(value, (str, list)):
-                raise NotebookError(f"cell {index}: `source` is not text")
+                raise NotebookError(f"cell {index + 1}: `source` is not text")
             yield index, span, raw_lines, value
 
 

@@ -6,7 +6,8 @@ file, never taken for an option (a file named `--help` would turn `check`
 into a help screen that exits 0 having checked nothing). So, for the
 commands whose arguments are paths:
 
-- every argument after `--` is a path (the hooks' entries end with `--`);
+- every argument after `--` is a path (the hooks' entries end with `--`),
+  `-` too (a file of that name, never stdin);
 - before `--`, an argument that is none of the command's options but names
   an existing path is a path;
 - any other argument that looks like an option and is none is a usage error
@@ -47,7 +48,7 @@ def options_then_paths(args: list[str], options: Mapping[str, click.Option], ctx
     tokens = iter(args)
     for token in tokens:
         if token == "--":
-            paths += tokens
+            paths += [f".{os.sep}-" if path == "-" else path for path in tokens]  # after `--`, `-` is a file of that name
             break
         if token == "-" or not token.startswith("-"):
             paths.append(token)

@@ -133,3 +133,45 @@ def test_engine_codes_are_explained(project: Path):
     for code in ("AM002", "AM003", "AM004"):
         done = run_cli("explain", code, cwd=project)
         assert done.returncode == 0 and done.stdout.startswith(code)
+
+
+# -- small conventions that must not let a check pass having checked nothing -----------------
+
+
+def test_after_double_dash_a_dash_is_the_file_of_that_name(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "-").write_text("import torch\nfor i in range(3):\n    torch.cuda.empty_cache()\n")
+    done = run_cli("check", "--no-cache", "--", "-", cwd=tmp_path, input="")
+    assert done.returncode == 1 and ":3:5: AM210" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_select_that_names_no_code_is_a_usage_error(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "train.py").write_text("import torch\nfor i in range(3):\n    torch.cuda.empty_cache()\n")
+    done = run_cli("check", "--no-cache", "--select", "", "train.py", cwd=tmp_path)
+    assert done.returncode == 2 and "--select: names no code" in done.stderr, done.stderr
+    (tmp_path / "pyproject.toml").write_text("[tool.accelmigrate]\nselect = []\n")
+    done = run_cli("check", "--no-cache", "train.py", cwd=tmp_path)
+    assert done.returncode == 2 and "'select' names no code" in done.stderr, done.stderr
+
+
+def test_a_skip_mark_left_open_names_its_codes_and_silences_no_other(tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "train.py").write_text("import torch\nfor i in range(3):\n    torch.cuda.empty_cache()  # accelmigrate: skip[AM101\n")
+    done = run_cli("check", "--no-cache", "train.py", cwd=tmp_path)
+    assert "train.py:3:5: AM210" in done.stdout and "AM004" in done.stdout, done.stdout
+
+
+def test_a_notebook_cell_without_a_cell_type_is_an_error_naming_it(tmp_path):
+    import json
+
+    from accelmigrate.engine import process_file
+
+    cells = [{"cell_type": "code", "metadata": {}, "outputs": [], "source": ["import torch"]}, {"metadata": {}, "source": ["x = 1"]}]
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    result = process_file(str(path), [("empty-cache", {})])
+    assert result.error is not None and "cell 2: no `cell_type`" in result.error
