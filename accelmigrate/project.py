@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -57,48 +58,51 @@ class Reached:
         return bool(self.facts.backward_calls)
 
 
-def reached_modules(tree: ast.Module, script: Path, follow: Callable[[Reached], bool] = lambda _: True) -> Iterator[Reached]:
+def reached_modules(
+    tree: ast.Module, script: Path, follow: Callable[[Reached], bool] = lambda _: True, read: Optional[dict] = None
+) -> Iterator[Reached]:
     """The modules of the project that `tree` (the code of the file `script`)
     imports, nearest first, then what they import where `follow` says so.
-    A module that cannot be read or parsed is left out: it is no evidence."""
+    A module that cannot be read or parsed is left out: it is no evidence.
+    `read` keeps the modules read, for the next script of the same run."""
+    read = {} if read is None else read
     start = script.resolve()
     seen = {start}
-    queue = collections.deque((node, module, file, 1) for node, module, file in _imported_files(tree, start.parent))
+    queue = collections.deque((node, module, file, 1) for node, module, file in _imported_files(tree, start.parent, read))
     while queue and len(seen) < MAX_MODULES:
         node, module, file, depth = queue.popleft()
         if file in seen:
             continue
         seen.add(file)
-        read = _read(file)
-        if read is None:
+        parsed = _read_once(file, read)
+        if parsed is None:
             continue
-        reached = Reached(file, *read, node, module, depth)
+        reached = Reached(file, *parsed, node, module, depth)
         yield reached
         if depth < MAX_DEPTH and follow(reached):
-            queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(reached.tree, file.parent))
+            queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(reached.tree, file.parent, read))
 
 
-def facts_of_project(path: Path, read: dict, devices: frozenset = frozenset()) -> ProjectFacts:
+def facts_of_project(path: Path, read: dict, devices: frozenset = frozenset(), trees: Optional[dict] = None) -> ProjectFacts:
     """What the modules `path` imports tell about it (codemods/script/project_facts.py),
     with `devices`, its device parameters; `read` keeps the modules read, for
     the other files of the run."""
-    tree = _script_tree(path)
+    tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
     gradients = set()
-    for _, module, file in _imported_files(tree, path.resolve().parent):
-        if _module_tree(file, read) is not None:
-            gradients.update(f"{module}.{name}" for name in _gradient_functions(_module_tree(file, read)))
+    for _, module, file in _imported_files(tree, path.resolve().parent, read):
+        gradients.update(f"{module}.{name}" for name in _gradient_functions_once(file, read))
     return ProjectFacts(gradient_functions=frozenset(gradients), device_parameters=devices)
 
 
-def device_parameters(files: Sequence[str], read: dict) -> dict[str, frozenset]:
+def device_parameters(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> dict[str, frozenset]:
     """For each module (resolved path) of the project, its functions'
     parameters named as a device (`fit.device`) that every call in `files`
     passes a device, as the calling file's script model reads it."""
     verdicts: dict[tuple[str, str], list[bool]] = collections.defaultdict(list)
     for path in files:
-        tree = _script_tree(Path(path))
+        tree = _script_tree(Path(path), trees)
         candidates = _device_taking_functions(tree, Path(path), read) if tree is not None else {}
         called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "") for node in ast.walk(tree) if isinstance(node, ast.Call)} if candidates else set()
         if any(name.rpartition(".")[2] in called for name in candidates):
@@ -116,7 +120,7 @@ def _device_taking_functions(tree: ast.Module, path: Path, read: dict) -> dict[s
     function's positional parameters), for the functions of the modules it
     imports that take a parameter named as a device."""
     found = {}
-    for _, module, file in _imported_files(tree, path.resolve().parent):
+    for _, module, file in _imported_files(tree, path.resolve().parent, read):
         for node in getattr(_module_tree(file, read), "body", ()):
             if isinstance(node, ast.FunctionDef):
                 parameters = [a.arg for a in [*node.args.posonlyargs, *node.args.args]]
@@ -154,9 +158,23 @@ def _devices_passed(path: Path, candidates: dict) -> Iterator[tuple[tuple[str, s
 
 
 def _module_tree(file: Path, read: dict) -> Optional[ast.Module]:
+    parsed = _read_once(file, read)
+    return parsed[0] if parsed is not None else None
+
+
+def _read_once(file: Path, read: dict) -> Optional[tuple[ast.Module, SourceFacts]]:
+    """`_read(file)`, once per run: `read` keeps what was read."""
     if file not in read:
         read[file] = _read(file)
-    return read[file][0] if read[file] is not None else None
+    return read[file]
+
+
+def _gradient_functions_once(file: Path, read: dict) -> tuple[str, ...]:
+    key = ("gradients", file)
+    if key not in read:
+        tree = _module_tree(file, read)
+        read[key] = tuple(_gradient_functions(tree)) if tree is not None else ()
+    return read[key]
 
 
 def _gradient_functions(tree: ast.Module) -> Iterator[str]:
@@ -168,8 +186,11 @@ def _gradient_functions(tree: ast.Module) -> Iterator[str]:
 
 
 def _uses_gradients(function: ast.AST) -> bool:
-    parents = {id(child): parent for parent in ast.walk(function) for child in ast.iter_child_nodes(parent)}
-    for node in ast.walk(function):
+    nodes = list(ast.walk(function))
+    if not any(isinstance(n, ast.Attribute) and n.attr in ("grad", *CLIPPING) or isinstance(n, ast.Name) and n.id in CLIPPING for n in nodes):
+        return False
+    parents = {id(child): parent for parent in nodes for child in ast.iter_child_nodes(parent)}
+    for node in nodes:
         if isinstance(node, ast.Call):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if callee in CLIPPING:
@@ -183,7 +204,12 @@ def _uses_gradients(function: ast.AST) -> bool:
     return False
 
 
-def _script_tree(script: Path) -> Optional[ast.Module]:
+def _script_tree(script: Path, trees: Optional[dict] = None) -> Optional[ast.Module]:
+    """The code of a script or notebook, parsed (once per run with `trees`)."""
+    if trees is not None:
+        if script not in trees:
+            trees[script] = _script_tree(script)
+        return trees[script]
     try:
         text = script.read_text(encoding="utf-8-sig")
         return ast.parse(parse_notebook(text, str(script)).source if is_notebook(str(script)) else text)
@@ -191,12 +217,12 @@ def _script_tree(script: Path) -> Optional[ast.Module]:
         return None  # reading the script itself reports what is wrong with it
 
 
-def training_path(script: Path) -> list[Reached]:
+def training_path(script: Path, read: Optional[dict] = None, trees: Optional[dict] = None) -> list[Reached]:
     """The modules of `script`'s project that the migration of `script`
     takes in: those it reaches that use torch (the training loop, the
     loaders, the models, the helpers that save and log)."""
-    tree = _script_tree(script)
-    return [module for module in reached_modules(tree, script) if module.facts.imports_torch] if tree is not None else []
+    tree = _script_tree(script, trees)
+    return [module for module in reached_modules(tree, script, read=read) if module.facts.imports_torch] if tree is not None else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,10 +239,12 @@ class ProjectFiles:
     def of(cls, paths: Sequence[str], exclude: Sequence[str] = ()) -> "ProjectFiles":
         known = {_key(path): path for path in paths}
         files, reached_from, without_training = list(paths), {}, set()
+        read: dict = {}  # the modules and scripts parsed, each once for the whole run
+        trees: dict = {}
         for path in paths:
             if not os.path.isfile(path):
                 continue
-            for module in training_path(Path(path)):
+            for module in training_path(Path(path), read, trees):
                 if excluded(module.file, exclude):
                     continue
                 shown = known.setdefault(_key(str(module.file)), _shown(module.file))
@@ -225,13 +253,14 @@ class ProjectFiles:
                     files.append(shown)
                     if not module.trains:
                         without_training.add(shown)
-        read: dict = {}
-        devices = device_parameters([path for path in files if os.path.isfile(path)], read)
-        facts = {path: facts_of_project(Path(path), read, devices.get(_key(path), frozenset())) for path in files if os.path.isfile(path)}
+        existing = [path for path in files if os.path.isfile(path)]
+        devices = device_parameters(existing, read, trees)
+        facts = {path: facts_of_project(Path(path), read, devices.get(_key(path), frozenset()), trees) for path in existing}
         return cls(files, reached_from, frozenset(without_training), {p: f for p, f in facts.items() if f != NO_FACTS})
 
-    @property
+    @functools.cached_property
     def covered(self) -> frozenset:
+        """The files of the run, resolved."""
         return frozenset(Path(_key(path)) for path in self.files)
 
     def groups(self) -> list[list[str]]:
@@ -277,13 +306,30 @@ def _read(file: Path) -> Optional[tuple[ast.Module, SourceFacts]]:
         return None
 
 
-def _imported_files(tree: Optional[ast.Module], folder: Path) -> Iterator[tuple[ast.stmt, str, Path]]:
+def _imported_files(tree: Optional[ast.Module], folder: Path, read: Optional[dict] = None) -> list[tuple[ast.stmt, str, Path]]:
+    """(import statement, module, the module's file) for each import of
+    `tree` that names a module of the project; worked out once per tree and
+    folder when `read` keeps them."""
     if tree is None:
-        return
+        return []
+    key = ("imports", id(tree), folder)
+    if read is not None and key in read:
+        return read[key]
+    found = []
     for node, module in imports(tree):
-        file = _module_file(module, folder)
+        file = _module_file(module, folder) if read is None else _module_file_once(module, folder, read)
         if file is not None:
-            yield node, module, file
+            found.append((node, module, file))
+    if read is not None:
+        read[key] = found
+    return found
+
+
+def _module_file_once(module: str, folder: Path, read: dict) -> Optional[Path]:
+    key = ("file", module, folder)
+    if key not in read:
+        read[key] = _module_file(module, folder)
+    return read[key]
 
 
 def imports(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
