@@ -45,6 +45,7 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,11 @@ RANK_TOLERANCE = 1e-6  # both ranks apply the same all-reduced gradients
 ONE_PROCESS_TOLERANCE = 1e-5  # half batches on two processes: float sums in another order
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELMIGRATE_PRECISION")
 FINAL_LOSS = re.compile(r"^final loss: (\S+)\s*$", re.MULTILINE)
+# A gloo process group can abort a process as it ends, its work done (a
+# torch/gloo teardown race, rare, more often on a loaded machine): such a
+# run is launched again, up to this many times.
+TEARDOWN_ABORT = "terminate called without an active exception"
+TEARDOWN_RERUNS = 3
 
 
 @dataclasses.dataclass
@@ -224,11 +230,15 @@ def _watched_weights(command: list[str], cwd: Path, out: Path, extra_env: dict):
     rank's optimizers ended with, rank by rank, or why there are none."""
     import torch  # only for --parity
 
-    out.mkdir(parents=True)
-    try:
-        done = subprocess.run(command, cwd=cwd, env=_parity_env(extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {RUN_TIMEOUT_S} s"
+    for _ in range(1 + TEARDOWN_RERUNS):
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        try:
+            done = subprocess.run(command, cwd=cwd, env=_parity_env(extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {RUN_TIMEOUT_S} s"
+        if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
+            break
     if done.returncode != 0:
         return None, f"exit {done.returncode}: {_last_error(done.stderr)}"
     return [torch.load(f) for f in sorted(out.glob("weights-rank*.pt"))], ""

@@ -9,6 +9,7 @@ comparison states the same tolerances.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -54,6 +55,7 @@ class Launch:
     def __init__(self, folder: Path, name: str, command: list[str], env: dict, cwd: Path) -> None:
         self.name = name
         self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
+        self._cwd, self._there_before = cwd, set(cwd.iterdir())
         self._start = lambda: self._popen(command, env, cwd)
         self._start()
 
@@ -70,9 +72,14 @@ class Launch:
         self.returncode = self.process.returncode
         self.stdout, self.stderr = self.stdout_path.read_text(), self.stderr_path.read_text()
         if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and reruns_left > 0:
+            self._clear_outputs()  # what the aborted run wrote (a checkpoint) is not the rerun's
             self._start()  # see conftest.TEARDOWN_ABORT
             return self.wait(reruns_left - 1)
         return self
+
+    def _clear_outputs(self) -> None:
+        for path in set(self._cwd.iterdir()) - self._there_before:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def succeeded(self) -> "Launch":
         assert self.returncode == 0, f"{self.name}: {self.describe()}"
