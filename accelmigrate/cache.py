@@ -97,8 +97,10 @@ class ResultCache:
         """The namespace of `settings` under `root`, its folders created; None
         when they cannot be (a read-only project), when one is a symbolic
         link, or without the user's secret: the run goes on uncached."""
+        if _in_project(secret_path(), root):
+            return None  # before the secret is made: none is ever written into the work tree
         secret = user_secret(secret_path())
-        if secret is None or _in_project(secret_path(), root):
+        if secret is None:
             return None
         described = json.dumps({"tool": tool_version(), **settings}, sort_keys=True, default=str)
         namespace = f"{__version__}-{hashlib.sha256(described.encode()).hexdigest()[:20]}"

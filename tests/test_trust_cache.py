@@ -241,3 +241,4 @@ def test_a_secret_inside_the_project_turns_the_cache_off(project: Path, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(project / ".cache"))
     assert invoke("apply", "train.py", cwd=project).exit_code == 0
     assert (project / "train.py").read_text() == MIGRATED and entries(project) == []
+    assert not (project / ".cache" / "accelmigrate" / "secret").exists()  # never written into the work tree
