@@ -52,10 +52,14 @@ def on_two(script: Path, *args: str) -> list[str]:
 class Launch:
     """A subprocess writing to files, so that many can run at once."""
 
+    # How many launches work in each folder: a rerun clears only a folder of its own.
+    _working_in: dict[Path, int] = {}
+
     def __init__(self, folder: Path, name: str, command: list[str], env: dict, cwd: Path) -> None:
         self.name = name
         self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
         self._cwd, self._there_before = cwd, set(cwd.iterdir())
+        Launch._working_in[cwd.resolve()] = Launch._working_in.get(cwd.resolve(), 0) + 1
         self._start = lambda: self._popen(command, env, cwd)
         self._start()
 
@@ -78,7 +82,11 @@ class Launch:
         return self
 
     def _clear_outputs(self) -> None:
-        for path in set(self._cwd.iterdir()) - self._there_before:
+        """Removes what the aborted run wrote into its working folder, where
+        no other launch works (in a shared one the new files are theirs too)."""
+        if Launch._working_in[self._cwd.resolve()] > 1:
+            return
+        for path in set(self._cwd.iterdir()) - self._there_before - {self.stdout_path, self.stderr_path}:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def succeeded(self) -> "Launch":
