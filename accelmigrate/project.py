@@ -83,17 +83,19 @@ def reached_modules(
             queue.extend((node, module, deeper, depth + 1) for _, _, deeper in _imported_files(reached.tree, file.parent, read))
 
 
-def facts_of_project(path: Path, read: dict, devices: frozenset = frozenset(), trees: Optional[dict] = None) -> ProjectFacts:
+def facts_of_project(
+    path: Path, read: dict, devices: frozenset = frozenset(), trees: Optional[dict] = None, imported: bool = False
+) -> ProjectFacts:
     """What the modules `path` imports tell about it (codemods/script/project_facts.py),
-    with `devices`, its device parameters; `read` keeps the modules read, for
-    the other files of the run."""
+    with `devices`, its device parameters, and whether a script of the run
+    imports it; `read` keeps the modules read, for the other files of the run."""
     tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
     gradients = set()
     for _, module, file in _imported_files(tree, path.resolve().parent, read):
         gradients.update(f"{module}.{name}" for name in _gradient_functions_once(file, read))
-    return ProjectFacts(gradient_functions=frozenset(gradients), device_parameters=devices)
+    return ProjectFacts(gradient_functions=frozenset(gradients), device_parameters=devices, imported_by_a_script=imported)
 
 
 def device_parameters(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> dict[str, frozenset]:
@@ -220,9 +222,19 @@ def _script_tree(script: Path, trees: Optional[dict] = None) -> Optional[ast.Mod
 def training_path(script: Path, read: Optional[dict] = None, trees: Optional[dict] = None) -> list[Reached]:
     """The modules of `script`'s project that the migration of `script`
     takes in: those it reaches that use torch (the training loop, the
-    loaders, the models, the helpers that save and log)."""
+    loaders, the models, the helpers that save and log), or that place on
+    the GPU without importing it (`def to_gpu(*ts): return [t.cuda() for t in ts]`),
+    before their migration or after it."""
     tree = _script_tree(script, trees)
-    return [module for module in reached_modules(tree, script, read=read) if module.facts.imports_torch] if tree is not None else []
+    return [m for m in reached_modules(tree, script, read=read) if _computes_with_torch(m.facts)] if tree is not None else []
+
+
+def _computes_with_torch(facts: SourceFacts) -> bool:
+    return (
+        facts.imports_torch
+        or bool(facts.method_calls.get("cuda"))
+        or any(module.startswith("accelmigrate.runtime.") for module in facts.imported_modules)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +267,11 @@ class ProjectFiles:
                         without_training.add(shown)
         existing = [path for path in files if os.path.isfile(path)]
         devices = device_parameters(existing, read, trees)
-        facts = {path: facts_of_project(Path(path), read, devices.get(_key(path), frozenset()), trees) for path in existing}
+        imported = {_key(module) for modules in reached_from.values() for module in modules}
+        facts = {
+            path: facts_of_project(Path(path), read, devices.get(_key(path), frozenset()), trees, _key(path) in imported)
+            for path in existing
+        }
         return cls(files, reached_from, frozenset(without_training), {p: f for p, f in facts.items() if f != NO_FACTS})
 
     @functools.cached_property

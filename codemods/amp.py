@@ -67,6 +67,12 @@ What it does
     optimizer and without it, `run_epoch(..., optimizer=None)`, gets
     `scaler=None` and the scaler only where the optimizer is passed, when
     each backward there is followed by the optimizer's step in its block).
+    A function that receives an optimizer built where the codemod cannot
+    see (a module of the project calls `engine.train_fn(model, loader,
+    optimizer, device)`, a trainer keeps one from a factory in
+    `self.optimizer`) takes the optimizer's own scaler instead:
+    `scaler = scaler_for(optimizer, device, amp_dtype)` at its top, the same
+    GradScaler in every call, so its loss scale carries over as well.
     A device string is a device too (`device = "cuda" if ... else "cpu"`,
     `device = args.device` of a `--device` flag, `self.device`, and
     `config["device"]` of a module-level config dict that nothing changes):
@@ -178,10 +184,12 @@ Left alone (with a finding that says what to do by hand)
       `retain_graph=` is kept: `scaler.scale(loss).backward(retain_graph=True)`
       for each of several losses, as in PyTorch's AMP examples;
     - `optimizer.step(closure)` (LBFGS): the loss is computed inside step() (AM411);
-    - an optimizer the codemod cannot trace to its constructor (a factory, a
-      parameter of a function with no caller in the file, or with starred or
-      keyword-only parameters, where a new `scaler` parameter cannot go; one
-      that a caller leaves None while the backward still runs), or any
+    - an optimizer the codemod cannot trace to its constructor nor to a
+      parameter (or `self.<name>`) of the stepping function that it never
+      rebinds (a factory's result bound in the function; a function with
+      starred or keyword-only parameters, where a new `scaler` parameter
+      cannot go; one that a caller leaves None while the backward still
+      runs; several such optimizers in one function), or any
       `.step()` in the step whose receiver the script treats as an optimizer
       (built from a model or its parameters, zeroed with `.zero_grad()`, its
       `param_groups` read, handed to a scheduler, or an instance of a class of
@@ -235,6 +243,7 @@ from ._amp.introduced import Introduced
 from ._amp.leaving import Leaving
 from ._amp.names import Resolution
 from ._amp.passed import Passed
+from ._amp.received import RECEIVED, Received
 from ._amp.placement import UNUSED_DEVICE, Placement
 from ._amp.plan import (
     CPU, RAW_AUTOGRAD, Backward, Problem, Ref, StepPlan, method_call, statement, unscalable_argument, without_parens,
@@ -244,7 +253,7 @@ from ._base import Codemod, code_of, walk
 from .script.amp_facts import amp_facts
 
 
-class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Introduced, Placement, Resolution, AppliesEdits, Codemod):
+class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Introduced, Placement, Resolution, AppliesEdits, Codemod):
     word = "amp"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "mixed precision: torch.autocast around forward and loss, a GradScaler for fp16; apex and torch.cuda.amp migrated"
@@ -462,7 +471,9 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
             if ref is None and (self.is_known_other(receiver, call) or not self.may_be_optimizer(receiver)):
                 continue  # an environment, a scheduler: not stepped through the scaler
             if ref is None:
-                raise Problem(first, "AM414", f"cannot trace `{code_of(receiver)}` (stepped in this training step) to a torch.optim constructor in reach (a parameter? a factory?): bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer and scale by hand")
+                ref = self.optimizer_received(receiver, call)
+            if ref is None:
+                raise Problem(first, "AM414", f"cannot trace `{code_of(receiver)}` (stepped in this training step) to a torch.optim constructor in reach, nor to a parameter of this function: bind `scaler = grad_scaler(device, amp_dtype)` next to the optimizer and scale by hand")
             if call.args:
                 raise Problem(call, "AM411", "optimizer.step(closure) (LBFGS and the like) evaluates the loss inside step(): run the closure's forward under autocast and scale by hand, or keep this step in float32")
             if self.unit_of(call) is not unit or self.own_line(call) is None:
@@ -507,7 +518,7 @@ class Amp(Bindings, Passed, Regions, Apex, Evaluation, Checkpoints, DeprecatedAp
         scaler_binding.used = True
         self.dtype_binding(plan.device).used = True
         self.import_runtime("autocast_dtype")
-        self.import_runtime("grad_scaler")
+        self.import_runtime("scaler_for" if plan.optimizers[0].kind == RECEIVED else "grad_scaler")
         self.need_torch()
         stepped = ", ".join(self.optimizer_text(ref, site) for ref in plan.optimizers)
         on_cpu = UNUSED_DEVICE if plan.device.kind == CPU and self.left_unused() else ""

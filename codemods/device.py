@@ -98,8 +98,14 @@ What it does
     module-level `device = get_device()`, which would choose and set the GPU
     when it is imported, and its device definitions are kept: there a
     placement follows only a device variable that the module itself defines
-    (not a parameter, which is the caller's), and is otherwise reported, as
-    is a `torch.load` with no such device (AM311, AM303). So does a library
+    (not a parameter, which is the caller's). Else, in a module that a
+    script of the run imports (`apply train.py` takes in the modules it
+    reaches), plain "cuda" becomes `device_at()`, which chooses and sets
+    nothing: with CUDA the current GPU, as `.cuda()` meant (the one the
+    script made current), the runtime's device without; the same for a
+    GPU index there (`device_at(i)`). A library on its own reports them,
+    and any library a `torch.load` with no device of its own, whose
+    checkpoint loads where it was saved (AM311, AM303). So does a library
     whose main guard only runs a benchmark or a self-test of it (it declares
     `__all__`, or the guard runs none of its functions that place on a
     device, as `unittest.main()`): there the guard's own placements use
@@ -446,10 +452,11 @@ class Device(DeviceValues, StringComparisons, Placement, CallPlans, PerProcessPl
 
     # Where a site gets its device name.
 
-    def _placement(self, site: cst.CSTNode) -> str:
+    def _placement(self, site: cst.CSTNode, current_gpu_in_library: bool = True) -> str:
         """The code of the device expression to use at `site`: an existing
-        device variable in reach, else the added binding. "" when no name can
-        be used safely there."""
+        device variable in reach, else the added binding (in a library,
+        `device_at()` unless `current_gpu_in_library` is False). "" when no
+        name can be used safely there."""
         if self._gpu_choice is not None and self._chooses_device(site):
             return self._device_at(site, None)  # plain "cuda" means the GPU that the file selected
         if self._gpu_choice is not None:
@@ -458,7 +465,11 @@ class Device(DeviceValues, StringComparisons, Placement, CallPlans, PerProcessPl
         if not self._chooses_device(site):
             # A library follows only a device that its own code defines: a
             # parameter is the caller's, who may have meant another device.
-            return existing if existing is not None and not self._names_a_parameter(existing, site) else ""
+            if existing is not None and not self._names_a_parameter(existing, site):
+                return existing
+            # Else plain "cuda" stays the current GPU, as `device_at()` says
+            # where CUDA is available (in a module a script of the run imports).
+            return self._device_at(site, None) if current_gpu_in_library else ""
         if existing is not None:
             return existing
         name = self._binding_name

@@ -18,6 +18,11 @@ with bfloat16 or float32 it is a no-op and the same training code runs
 unchanged. `options` are GradScaler's own (init_scale, growth_interval, ...);
 `enabled=False` keeps it off in every precision.
 
+`scaler_for(optimizer, device, dtype, **options)`: the one scaler of
+`optimizer`, made by `grad_scaler` at its first call: for a training
+function that receives an optimizer built elsewhere (another module, a
+factory), so that the loss scale carries over from one call (one epoch) to
+the next, as with a scaler bound next to the optimizer.
 `full_precision(value)`: a float16 or bfloat16 tensor as float32 (lists and
 tuples of them element by element), anything else unchanged. Values computed
 under autocast pass through it where they leave for numpy, which has no
@@ -27,6 +32,7 @@ bfloat16 (`tensor.numpy()` raises "Got unsupported ScalarType BFloat16").
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Union
 
 import torch
@@ -77,6 +83,22 @@ def grad_scaler(device: DeviceLike, dtype: torch.dtype, enabled: bool = True, **
     return torch.amp.GradScaler(torch.device(device).type, enabled=bool(enabled) and dtype == torch.float16, **options)
 
 
+# One scaler per optimizer, dropped with it.
+_SCALERS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, torch.amp.GradScaler]" = weakref.WeakKeyDictionary()
+
+
+def scaler_for(optimizer, device: DeviceLike, dtype: torch.dtype, enabled: bool = True, **options) -> torch.amp.GradScaler:
+    """`optimizer`'s GradScaler: made at the first call, the same one after.
+    For None (a function called without its optimizer) a scaler that scales
+    nothing: a backward run there computes what it computed before."""
+    if optimizer is None:
+        return grad_scaler(device, dtype, enabled=False)
+    scaler = _SCALERS.get(optimizer)
+    if scaler is None:
+        scaler = _SCALERS[optimizer] = grad_scaler(device, dtype, enabled, **options)
+    return scaler
+
+
 _REDUCED = (torch.float16, torch.bfloat16)
 
 
@@ -89,4 +111,4 @@ def full_precision(value):
     return value
 
 
-__all__ = ["PRECISION_VARIABLE", "autocast_dtype", "forced_dtype", "full_precision", "grad_scaler"]
+__all__ = ["PRECISION_VARIABLE", "autocast_dtype", "forced_dtype", "full_precision", "grad_scaler", "scaler_for"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from accelmigrate.engine import migrate_source
-from accelmigrate.runtime.precision import PRECISION_VARIABLE, autocast_dtype, full_precision, grad_scaler
+from accelmigrate.runtime.precision import PRECISION_VARIABLE, autocast_dtype, full_precision, grad_scaler, scaler_for
 
 from conftest import FIXTURES, SCRIPTS, run_python
 
@@ -72,6 +72,16 @@ def test_the_scaler_takes_the_old_options_and_the_users_switch():
     assert scaler.is_enabled() and scaler.get_scale() == 1024.0
     assert not grad_scaler("cpu", torch.float16, enabled=False).is_enabled()
     assert not grad_scaler("cpu", torch.bfloat16, enabled=True).is_enabled()
+
+
+def test_an_optimizer_has_one_scaler_and_none_has_a_scaler_that_scales_nothing():
+    model = torch.nn.Linear(2, 1)
+    first, second = (torch.optim.SGD(model.parameters(), lr=0.1) for _ in range(2))
+    scaler = scaler_for(first, "cpu", torch.float16)
+    assert scaler.is_enabled() and scaler_for(first, "cpu", torch.float16) is scaler
+    assert scaler_for(second, "cpu", torch.float16) is not scaler
+    assert not scaler_for(None, "cpu", torch.float16).is_enabled()  # called without an optimizer
+    assert not scaler_for(torch.optim.SGD(model.parameters(), lr=0.1), "cpu", torch.bfloat16).is_enabled()
 
 
 def test_the_migrated_autocast_line_runs_in_fp32_without_warnings(monkeypatch):

@@ -47,14 +47,17 @@ def test_an_optimizer_handed_to_the_constructor_gets_its_scaler_there():
     assert "self.scaler.step(self.optimizer)" in migration.code
 
 
-def test_an_optimizer_the_caller_builds_out_of_view_stays_a_manual_step():
+def test_an_optimizer_the_caller_builds_out_of_view_gets_its_own_scaler_where_it_steps():
     source = TRAINER.format(optimizer="from helpers import make_optimizer\noptimizer = make_optimizer(model)", argument="optimizer")
-    assert amp_codes(source) == ["AM414"]
+    migration = migrate_source(source, [("amp", {})])
+    assert [f.code for f in migration.findings if f.code.startswith("AM4")] == ["AM401"]
+    assert "    def epoch(self, batches):\n        scaler = scaler_for(self.optimizer, device, amp_dtype)\n" in migration.code
+    assert "scaler.step(self.optimizer)" in migration.code
 
 
-def test_a_trainer_built_without_an_optimizer_somewhere_stays_a_manual_step():
-    source = TRAINER.format(optimizer="optimizer = torch.optim.SGD(model.parameters(), lr=0.1)", argument="optimizer")
-    source += "Trainer(model, None, device)\n"
+def test_an_optimizer_reassigned_in_the_stepping_method_stays_a_manual_step():
+    source = TRAINER.format(optimizer="from helpers import make_optimizer\noptimizer = make_optimizer(model)", argument="optimizer")
+    source = source.replace("        for x, y in batches:\n", "        self.optimizer = make_optimizer(self.model)\n        for x, y in batches:\n", 1)
     assert amp_codes(source) == ["AM414"]
 
 

@@ -30,33 +30,8 @@ PLAN = [("device", {})]
 # CPU (placements become no-ops, "cuda" devices the CPU): an independent
 # reference for what the migrated script must compute, which owes nothing to
 # the codemod. One interpreter for both saves an import of torch.
-SIDE_BY_SIDE = '''
-import runpy, sys
-import torch
-
-migrated, original = sys.argv[1:]
-runpy.run_path(migrated, run_name="__main__")
-print("-- original, CUDA emulated by the CPU --")
-
-def _cpu(value):
-    if isinstance(value, (str, torch.device)) and str(value).startswith("cuda"):
-        return torch.device("cpu")
-    return value
-
-def _placing(function):
-    def placed(*args, **kwargs):
-        if "device" in kwargs:
-            kwargs["device"] = _cpu(kwargs["device"])
-        return function(*[_cpu(a) for a in args], **kwargs)
-    return placed
-
-torch.Tensor.cuda = lambda self, *args, **kwargs: self
-torch.nn.Module.cuda = lambda self, *args, **kwargs: self
-torch.Tensor.to = _placing(torch.Tensor.to)
-for name in ("zeros", "ones", "empty", "full", "randn", "rand", "randint", "arange", "tensor"):
-    setattr(torch, name, _placing(getattr(torch, name)))
-runpy.run_path(original, run_name="__main__")
-'''
+# Runs a script written for one GPU on the CPU, as it would compute with CUDA.
+ON_EMULATED_CUDA = SCRIPTS / "on_emulated_cuda.py"
 
 
 def migrate(source: str, path: str = "train.py") -> str:
@@ -90,11 +65,11 @@ def test_migrated_script_runs_on_a_cpu_and_computes_what_the_original_would(tmp_
     assert applied.returncode == 0, applied.stderr + applied.stdout
     assert "cuda" not in without_docstring(migrated.read_text())
 
-    runner = tmp_path / "side_by_side.py"
-    runner.write_text(SIDE_BY_SIDE)
-    both = run_python(runner, str(migrated), str(CUDA_ONLY))
-    assert both.returncode == 0, both.stderr
-    result, reference = both.stdout.split("-- original, CUDA emulated by the CPU --\n")
+    after = run_python(migrated)
+    assert after.returncode == 0, after.stderr
+    before = run_python(ON_EMULATED_CUDA, str(CUDA_ONLY))
+    assert before.returncode == 0, before.stderr
+    result, reference = after.stdout, before.stdout
 
     assert result == reference  # the same losses, to the last printed digit
     per_epoch, final = losses(result)[:-1], losses(result)[-1]

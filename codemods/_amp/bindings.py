@@ -10,6 +10,7 @@ import libcst as cst
 
 from .._base import is_docstring
 from .passed import FOLLOW_DEPTH
+from .received import RECEIVED
 from .plan import AUTOCAST_DTYPE, CPU, CPU_TEXT, DTYPE_NAMES, GRAD_SCALER_FACTORY, SCALER_NAMES, Binding, Problem, Ref, StepPlan, is_import_line, statement
 
 
@@ -39,6 +40,8 @@ class Bindings:
         ref = group[0].optimizers[0]
         if ref.kind == "param":
             return self.scaler_passed(group)
+        if ref.kind == RECEIVED:
+            return self.scaler_received(group)
         lines = sorted({id(line): line for plan in group for r in plan.optimizers for line in r.bindings}.values(), key=self.order)
         existing = self.existing_binding(ref, GRAD_SCALER_FACTORY)
         if existing is not None:

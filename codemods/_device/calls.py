@@ -247,7 +247,9 @@ class CallPlans:
         if not self._is_load_without_map(call):
             return
         computes_on_cpu = self._chooses_device(call) and self._gpu_choice is None and not self._places_on_device()
-        placement = '"cpu"' if computes_on_cpu else self._placement(call)
+        # A library's checkpoint without map_location loads where it was saved
+        # (a CPU one on the CPU): mapping it to the GPU would be a change of meaning.
+        placement = '"cpu"' if computes_on_cpu else self._placement(call, current_gpu_in_library=False)
         if not placement:
             self._report_unplaced(call, "torch.load without map_location", "add `map_location=<device>` by hand")
             return

@@ -69,7 +69,8 @@ PASSED_IN_ADVICE = (
 LIBRARY_ADVICE = (
     "left alone in a module without a training loop or an entry point (a library), where no device that it "
     "defines is in reach: a module-level `device = get_device()` would choose and set the GPU when it is "
-    "imported; take the device from a tensor at hand (`x.device`) or from the caller"
+    "imported; migrate it with the script that imports it (`apply train.py` follows its imports), or take the "
+    "device from a tensor at hand (`x.device`) or from the caller"
 )
 SELF_TEST_ADVICE = (
     "left alone in a function of a library module whose main guard only exercises it (the module declares "

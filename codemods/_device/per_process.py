@@ -29,8 +29,13 @@ class PerProcessPlans:
 
     def _device_at(self, site: cst.CSTNode, index: Optional[cst.BaseExpression]) -> str:
         """The code of `device_at(index)` for `site`; "" when that name means
-        something else there, or in a library (its callers choose devices)."""
-        if not self._chooses_device(site) or not self._runtime_name_free(site, "device_at", DEVICE_AT):
+        something else there, or in a library that no script of the run
+        imports. It chooses and sets nothing: with CUDA it is the GPU that
+        `index` or plain "cuda" names, the one that the importing script
+        made current for plain "cuda"."""
+        if not (self._chooses_device(site) or self.script.project.imported_by_a_script):
+            return ""
+        if not self._runtime_name_free(site, "device_at", DEVICE_AT):
             return ""
         self._device_at_sites[site] = code_of(index) if index is not None else ""
         return f"device_at({self._device_at_sites[site]})"
@@ -158,6 +163,8 @@ class PerProcessPlans:
             return owner.with_changes(body=body)
         statements = list(body.body)
         at = 1 if statements and is_docstring(statements[0]) else 0
+        if at < len(statements) and _initializes_the_base(statements[at]):
+            at += 1  # a module's constructor starts with its base's, as one writes it
         line = cst.parse_statement(f"device = device_at({index})\n")
         return owner.with_changes(body=body.with_changes(body=[*statements[:at], line, *statements[at:]]))
 
@@ -273,3 +280,18 @@ def without_keyword(args, name: str) -> list:
     if kept and kept[-1] is not args[-1]:
         kept[-1] = kept[-1].with_changes(comma=args[-1].comma, whitespace_after_arg=args[-1].whitespace_after_arg)
     return kept
+
+
+def _initializes_the_base(statement: cst.CSTNode) -> bool:
+    """`super().__init__(...)` (or `super(Net, self).__init__(...)`) on a line of its own."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    call = statement.body[0].value if isinstance(statement.body[0], cst.Expr) else None
+    return (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "__init__"
+        and isinstance(call.func.value, cst.Call)
+        and isinstance(call.func.value.func, cst.Name)
+        and call.func.value.func.value == "super"
+    )

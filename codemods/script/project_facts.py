@@ -11,6 +11,10 @@ and read by the codemods through `ScriptModel.project`.
   (`fit.device`) that every call of the function in the files migrated
   with it passes a device (`train_fn(model, loader, optimizer, DEVICE)` in
   `train.py`): what autocast reads the device type from there.
+- `imported_by_a_script`: a script of the run imports this module (through
+  its imports, transitively): its code runs in that script's processes, on
+  the GPU that the script makes current, so a plain `.cuda()` there may
+  become `device_at()` (the same GPU wherever CUDA is available).
 
 The engine gives them for the file being migrated (`given`); a file migrated
 on its own (an editor's buffer, stdin) has none.
@@ -28,10 +32,12 @@ from typing import Iterator
 class ProjectFacts:
     gradient_functions: frozenset = frozenset()
     device_parameters: frozenset = frozenset()
+    imported_by_a_script: bool = False
 
     def key(self) -> str:
         """A stable text of the facts (part of the result cache's key)."""
-        return ",".join(sorted(self.gradient_functions)) + ";" + ",".join(sorted(self.device_parameters))
+        imported = "imported" if self.imported_by_a_script else ""
+        return ";".join((",".join(sorted(self.gradient_functions)), ",".join(sorted(self.device_parameters)), imported))
 
 
 NO_FACTS = ProjectFacts()
