@@ -7,7 +7,8 @@ The fixture projects under fixtures/projects/ are ours, in the shapes real
 projects take: a fold trainer whose loop and loaders live in `engine.py` and
 `data.py`; a package laid out under `src/` with relative imports, run from
 `tools/train.py` and from a notebook; a tagger written for one GPU whose
-model, loss and batch helper each place their tensors with a bare `.cuda()`.
+model, loss and batch helper each place their tensors with a bare `.cuda()`;
+a script whose device is set in a config module.
 """
 
 from __future__ import annotations
@@ -242,3 +243,21 @@ def test_a_library_module_on_its_own_keeps_its_cuda_placements():
     result = engine.migrate_source((PROJECTS / "gpu_helpers" / "model.py").read_text(), plan("device"), "model.py")
     assert "h0 = torch.zeros(1, tokens.size(0), self.hidden).cuda()" in result.code
     assert [f.code for f in result.findings] == ["AM311"]
+
+
+@pytest.mark.slow
+def test_a_device_set_in_a_config_module_follows_the_script_that_imports_it(tmp_path):
+    project = copy_of("config_device", tmp_path)
+    before = run_python(project / "train.py", cwd=project)
+    assert before.returncode == 0 and before.stdout.count("loss:") == 3, before.stderr
+    done = invoke("apply", "--to", "checklist", "--no-cache", "train.py", cwd=project)
+    assert "changed config.py: device" in done.output and "changed train.py: amp" in done.output, done.output
+    expected = EXPECTED / "config_device" / "checklist"
+    for name in ("train.py", "config.py"):
+        assert (project / name).read_text() == (expected / name.replace(".py", ".expected.py")).read_text(), name
+    assert "0 file(s) changed, 2 unchanged" in invoke("apply", "--to", "checklist", "--no-cache", "train.py", cwd=project).output
+    after = run_python(project / "train.py", cwd=project)
+    assert after.returncode == 0 and after.stdout == before.stdout, after.stderr  # float32 on the CPU: the same losses
+    # On its own, the config module is a library whose callers choose the device.
+    alone = engine.migrate_source((PROJECTS / "config_device" / "config.py").read_text(), plan("device"), "config.py")
+    assert [f.code for f in alone.findings] == ["AM303"] and not alone.findings[0].fixed

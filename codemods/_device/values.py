@@ -276,6 +276,10 @@ class DeviceValues:
             self._plan_definition_after_gpu_choice(definition)
             return
         if not self._chooses_device(definition.value):
+            placement = self._device_at(definition.value, None)  # "" unless a script of the run imports it
+            if placement:
+                self._plan_definition_followed(definition, placement)
+                return
             advice = SELF_TEST_DEFINITION_ADVICE if self._role == SELF_TEST else LIBRARY_DEFINITION_ADVICE
             self.report(definition.value, "AM303", advice)
             return
@@ -292,6 +296,25 @@ class DeviceValues:
         else:
             self._edits[definition.value] = lambda updated: self._get_device_call()
 
+    def _plan_definition_followed(self, definition: Definition, placement: str) -> None:
+        """In a library that a script of the run imports (a config module's
+        `device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")`),
+        a CUDA device means the GPU that script made current: `device_at()`,
+        which chooses and sets nothing, and is the script's device without
+        CUDA too (where "cpu" would part from it on Apple silicon). A flag
+        keeps choosing: `device_at() if flag else torch.device("cpu")`."""
+        device = definition.device
+        by_flag = device.kind == "choice" and not self._is_availability(device.test, device.cuda_first)
+        kept = ", keeping the flag" if by_flag else ""
+        message = f"CUDA device definition -> `{placement}`{kept}: the GPU that the importing script made current, its device without CUDA"
+        if not self.fix(definition.value, "AM303", message):
+            return
+        expression = self._use_placement(definition.value, placement)
+        if by_flag:
+            self._edits[definition.value] = lambda updated: self._flag_choice(updated, device, expression)
+        else:
+            self._edits[definition.value] = lambda updated: expression.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+
     def _plan_definition_after_gpu_choice(self, definition: Definition) -> None:
         """In a file that selects its GPU, "cuda" means that GPU: a choice on
         CUDA's availability already runs anywhere; plain "cuda" becomes
@@ -306,13 +329,14 @@ class DeviceValues:
             expression = self._use_placement(definition.value, placement)
             self._edits[definition.value] = lambda updated: expression.with_changes(lpar=updated.lpar, rpar=updated.rpar)
 
-    def _flag_choice(self, updated: cst.BaseExpression, device: DeviceValue) -> cst.BaseExpression:
-        """`torch.device("cuda" if flag else "cpu")` -> `get_device() if flag else torch.device("cpu")`."""
+    def _flag_choice(self, updated: cst.BaseExpression, device: DeviceValue, gpu: Optional[cst.BaseExpression] = None) -> cst.BaseExpression:
+        """`torch.device("cuda" if flag else "cpu")` -> `get_device() if flag else torch.device("cpu")`
+        (or `gpu` in place of `get_device()`)."""
         choice = updated.args[0].value if isinstance(updated, cst.Call) else updated
-        cpu = self._cpu_device()
+        cpu, gpu = self._cpu_device(), gpu if gpu is not None else self._get_device_call()
         if device.cuda_first:
-            return choice.with_changes(body=self._get_device_call(), orelse=cpu, lpar=updated.lpar, rpar=updated.rpar)
-        return choice.with_changes(body=cpu, orelse=self._get_device_call(), lpar=updated.lpar, rpar=updated.rpar)
+            return choice.with_changes(body=gpu, orelse=cpu, lpar=updated.lpar, rpar=updated.rpar)
+        return choice.with_changes(body=cpu, orelse=gpu, lpar=updated.lpar, rpar=updated.rpar)
 
     def _cpu_device(self) -> cst.BaseExpression:
         return cst.parse_expression(f'{self._torch_name()}.device("cpu")')
