@@ -180,3 +180,55 @@ def test_sync_bn_adds_nothing_to_a_model_without_batch_norm_on_any_run(model):
     second = migrate_source(first, plan, "train.py").code
     assert "DistributedDataParallel(model" in first
     assert "convert_sync_batchnorm" not in first and second == first
+
+
+RESUMED = """\
+import argparse
+import torch
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--resume", default="")
+args = parser.parse_args()
+
+
+def save(model, path):
+    torch.save(model.state_dict(), path)
+
+
+def main():
+    model = nn.Linear(2, 2)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume))  # before anything is saved
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 2))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        save(model, "last.pt")
+    model.load_state_dict(torch.load("last.pt"))  # after the saves
+
+
+if __name__ == "__main__":
+{call}
+"""
+
+
+@pytest.mark.parametrize(
+    "call, warned",
+    [
+        ("    main()", ["model.load_state_dict(torch.load(\"last.pt\"))"]),
+        # per fold, the resume of the second call may read what the first saved
+        ("    for fold in range(2):\n        main()", ["model.load_state_dict(torch.load(args.resume))", "model.load_state_dict(torch.load(\"last.pt\"))"]),
+    ],
+)
+def test_a_load_before_any_save_of_the_run_needs_no_barrier(call, warned):
+    source = RESUMED.format(call=call)
+    result = migrate_source(source, [("ddp", {})], "train.py")
+    lines = source.splitlines()
+    left = [lines[f.line - 1].strip().split("  #")[0] for f in result.findings if f.code == "AM528" and "between the save and the load" in f.message]
+    assert left == warned

@@ -50,6 +50,8 @@ WRITTEN_PATH = {
     "numpy.savetxt": ("fname", 0),
     "matplotlib.pyplot.savefig": ("fname", 0),
 }
+# How many calls deep the order of a read and the writes is followed.
+MAX_CALL_DEPTH = 4
 READ_PATH = {"torch.load": ("f", 0), "numpy.load": ("file", 0), "builtins.open": ("file", 0), "io.open": ("file", 0)}
 # Calls after which the file is gone from its path.
 REMOVED_PATH = {
@@ -397,7 +399,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             if not any(self._comes_before_in_same_function(w, node) for w in same):
                 if not removal and any(self._plan_barrier_after(w, node) for w in same):
                     continue
-                if self.is_call_to(node, v.TORCH_LOAD):
+                if self.is_call_to(node, v.TORCH_LOAD) and not self._reads_before_every_write(node, [w for w, _ in written]):
                     self.report(
                         node, "AM528",
                         "rank 0 alone writes checkpoints now: if this reads one written during this run, call "
@@ -425,6 +427,39 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         positional = [a for a in call.args if a.keyword is None]
         given = keyword_arg(call, keyword) or (positional[position] if len(positional) > position else None)
         return given.value if given is not None else None
+
+    def _reads_before_every_write(self, read: cst.Call, writes: list) -> bool:
+        """Can no write of this run have happened when `read` runs? Each write
+        comes later in the read's own function, or in a function that the
+        file calls only from there, later; and no loop runs both (a resume at
+        start-up, a pretrained model loaded before training), and the read
+        runs once (a function called per fold would read the last fold's)."""
+        return self._runs_once(read) and all(self._runs_only_after(write, read) for write in writes)
+
+    def _runs_once(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        if any(isinstance(a, (cst.For, cst.While)) for a in self._ancestors_in_function(node)):
+            return False
+        function = self.script.function_at(node)
+        if function is None:
+            return True
+        return len(function.callers) == 1 and depth < MAX_CALL_DEPTH and self._runs_once(function.callers[0].call, depth + 1)
+
+    def _ancestors_in_function(self, node: cst.CSTNode) -> list:
+        found = []
+        for ancestor in self.ancestors(node):
+            if isinstance(ancestor, (cst.FunctionDef, cst.Lambda)):
+                break
+            found.append(ancestor)
+        return found
+
+    def _runs_only_after(self, later: cst.CSTNode, read: cst.CSTNode, depth: int = 0) -> bool:
+        if self._comes_before_in_same_function(read, later):
+            loops = {id(a) for a in self.ancestors(read) if isinstance(a, (cst.For, cst.While))}
+            return not any(id(a) in loops for a in self.ancestors(later))
+        function = self.script.function_at(later)
+        if function is None or not function.callers or depth >= MAX_CALL_DEPTH:
+            return False
+        return all(self._runs_only_after(site.call, read, depth + 1) for site in function.callers)
 
     def _comes_before_in_same_function(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
         def function(node: cst.CSTNode) -> Optional[cst.CSTNode]:
