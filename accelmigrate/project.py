@@ -92,10 +92,14 @@ def facts_of_project(
     tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
-    gradients = set()
+    gradients, gpu_datasets = set(), set()
     for _, module, file in _imported_files(tree, path.resolve().parent, read):
-        gradients.update(f"{module}.{name}" for name in _gradient_functions_once(file, read))
-    return ProjectFacts(gradient_functions=frozenset(gradients), device_parameters=devices, imported_by_a_script=imported)
+        gradients.update(f"{module}.{name}" for name in _names_once(file, read, _gradient_functions))
+        gpu_datasets.update(f"{module}.{name}" for name in _names_once(file, read, _gpu_datasets))
+    return ProjectFacts(
+        gradient_functions=frozenset(gradients), device_parameters=devices,
+        imported_by_a_script=imported, gpu_datasets=frozenset(gpu_datasets),
+    )
 
 
 def device_parameters(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> dict[str, frozenset]:
@@ -171,11 +175,12 @@ def _read_once(file: Path, read: dict) -> Optional[tuple[ast.Module, SourceFacts
     return read[file]
 
 
-def _gradient_functions_once(file: Path, read: dict) -> tuple[str, ...]:
-    key = ("gradients", file)
+def _names_once(file: Path, read: dict, finder: Callable[[ast.Module], Iterator[str]]) -> tuple[str, ...]:
+    """The names `finder` yields for the module `file`, once per run."""
+    key = (finder.__name__, file)
     if key not in read:
         tree = _module_tree(file, read)
-        read[key] = tuple(_gradient_functions(tree)) if tree is not None else ()
+        read[key] = tuple(finder(tree)) if tree is not None else ()
     return read[key]
 
 
@@ -204,6 +209,37 @@ def _uses_gradients(function: ast.AST) -> bool:
             if not (clears or tested):
                 return True
     return False
+
+
+def _gpu_datasets(tree: ast.Module) -> Iterator[str]:
+    """The module-level classes that serve items (`__getitem__`, `__iter__`)
+    and put tensors on a GPU somewhere in their code: `.cuda()`, `.to(<a
+    device>)`, `device=<a device>` (a "cuda..." string, a name that says
+    device, cuda or gpu, or the runtime's `device_at()`/`get_device()`)."""
+    for node in tree.body:
+        serves = isinstance(node, ast.ClassDef) and any(
+            isinstance(f, ast.FunctionDef) and f.name in ("__getitem__", "__iter__") for f in node.body
+        )
+        if serves and any(isinstance(call, ast.Call) and _places_on_gpu(call) for call in ast.walk(node)):
+            yield node.name
+
+
+def _places_on_gpu(call: ast.Call) -> bool:
+    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
+    if method == "cuda":
+        return True
+    if method == "to" and call.args and _names_a_gpu(call.args[0]):
+        return True
+    return any(k.arg == "device" and _names_a_gpu(k.value) for k in call.keywords)
+
+
+def _names_a_gpu(value: ast.expr) -> bool:
+    if isinstance(value, ast.Constant):
+        return isinstance(value.value, str) and value.value.startswith("cuda")
+    if isinstance(value, ast.Call):
+        value = value.func
+    last = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", "")
+    return any(word in last.lower() for word in ("device", "cuda", "gpu"))
 
 
 def _script_tree(script: Path, trees: Optional[dict] = None) -> Optional[ast.Module]:

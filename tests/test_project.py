@@ -261,3 +261,46 @@ def test_a_device_set_in_a_config_module_follows_the_script_that_imports_it(tmp_
     # On its own, the config module is a library whose callers choose the device.
     alone = engine.migrate_source((PROJECTS / "config_device" / "config.py").read_text(), plan("device"), "config.py")
     assert [f.code for f in alone.findings] == ["AM303"] and not alone.findings[0].fixed
+
+
+GPU_DATASET = """\
+import torch
+from torch.utils.data import Dataset
+
+
+class Points(Dataset):
+    def __init__(self, n):
+        self.x = torch.randn(n, 2)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i]{placed}, self.x[i].sum(){placed}
+"""
+LOADED = """\
+import torch
+from torch.utils.data import DataLoader
+
+from data import Points
+
+loader = DataLoader(Points(64), batch_size=8, shuffle=True)
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("placed, workers", [(".cuda()", False), ("", True)])
+def test_a_dataset_of_another_module_that_places_on_the_gpu_gets_no_workers(placed, workers, tmp_path):
+    (tmp_path / "data.py").write_text(GPU_DATASET.format(placed=placed))
+    (tmp_path / "train.py").write_text(LOADED)
+    done = invoke("apply", "--to", "workers,device", "--no-cache", "train.py", cwd=tmp_path)
+    assert done.exit_code == 0, done.output
+    assert ("num_workers=" in (tmp_path / "train.py").read_text()) == workers
+    again = invoke("check", "--to", "workers", "--no-cache", "train.py", cwd=tmp_path)  # data.py migrated: `.to(device)`
+    assert ("AM108 left without workers: dataset class data.Points" in again.output) != workers, again.output

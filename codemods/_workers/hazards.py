@@ -141,9 +141,14 @@ class LoaderHazards(Codemod):
             if gpu_use is not None:
                 return ("AM108", (
                     f"left without workers: dataset class {cls.name.value} puts tensors on the GPU "
-                    f"(`{_short_code(gpu_use)}`), which worker processes cannot do; keep its tensors on the CPU "
-                    "and move each batch to the device in the training loop, then migrate again"
+                    f"(`{_short_code(gpu_use)}`), {GPU_DATASET_ADVICE}"
                 ))
+        elsewhere = sorted(names & self.script.project.gpu_datasets)
+        if elsewhere:
+            return ("AM108", (
+                f"left without workers: dataset class {elsewhere[0]} (in a module of the project) puts tensors on "
+                f"the GPU, {GPU_DATASET_ADVICE}"
+            ))
         return None
 
     def _constructors(self, dataset: cst.BaseExpression) -> Iterator[cst.Call]:
@@ -171,6 +176,12 @@ class LoaderHazards(Codemod):
             if isinstance(init, cst.Name):
                 places.extend(self.facts.stands_for(init))
         return any(self.is_call_to(c, GET_WORKER_INFO) for place in places for c in walk(place))
+
+
+GPU_DATASET_ADVICE = (
+    "which worker processes cannot do; keep its tensors on the CPU and move each batch to the device in the "
+    "training loop, then migrate again"
+)
 
 
 def _iterable_message(name: str) -> str:

@@ -15,6 +15,9 @@ and read by the codemods through `ScriptModel.project`.
   its imports, transitively): its code runs in that script's processes, on
   the GPU that the script makes current, so a plain `.cuda()` there may
   become `device_at()` (the same GPU wherever CUDA is available).
+- `gpu_datasets`: the dataset classes of the project's modules, named as
+  this file's imports name them (`data.Points`), that put tensors on a GPU
+  in their code: worker processes cannot, so their loaders get no workers.
 
 The engine gives them for the file being migrated (`given`); a file migrated
 on its own (an editor's buffer, stdin) has none.
@@ -33,11 +36,13 @@ class ProjectFacts:
     gradient_functions: frozenset = frozenset()
     device_parameters: frozenset = frozenset()
     imported_by_a_script: bool = False
+    gpu_datasets: frozenset = frozenset()
 
     def key(self) -> str:
         """A stable text of the facts (part of the result cache's key)."""
         imported = "imported" if self.imported_by_a_script else ""
-        return ";".join((",".join(sorted(self.gradient_functions)), ",".join(sorted(self.device_parameters)), imported))
+        names = (self.gradient_functions, self.device_parameters, self.gpu_datasets)
+        return ";".join([*(",".join(sorted(n)) for n in names), imported])
 
 
 NO_FACTS = ProjectFacts()
