@@ -1284,8 +1284,14 @@ def process_files(
     paths = project.files
     caches: dict[str, Optional[ResultCache]] = {}
 
+    readers = {info.word: info.notes for info, _ in _classes(plan) if info.reads_handoffs}
+    handing = {path for path, facts in project.facts.items() if readers and facts.pairs}
+
     def file_kwargs(path: str) -> tuple[Plan, dict]:
-        own = [(word, options) for word, options in plan if word not in TRAINING_WORDS] if path in project.without_training else plan
+        # A module without a training step gets the words that act on one
+        # only where it builds the loader a paired training loop is handed.
+        kept = readers.keys() if path in handing else ()
+        own = [(word, options) for word, options in plan if word not in TRAINING_WORDS or word in kept] if path in project.without_training else plan
         key = repr(own)
         if key not in caches:
             caches[key] = _open_cache(cache_folder, own, check_only, black_config, line_length)
@@ -1305,14 +1311,32 @@ def process_files(
     group_of = {path: group for group in groups for path in group}
     finished: dict[str, FileResult] = {}
 
+    def settle(group: list[str]) -> None:
+        """Where a word that edits two files as one change refused one of
+        them, the files it would have paired with it are migrated again
+        without the facts that pair them: neither half of the change is made."""
+        refused = {path for path in group if path in handing and _refused_handoff(finished[path], readers)}
+        for path in group if refused else ():
+            if path in handing and path not in refused:  # a refused file keeps its result: it says why
+                own, kwargs = file_kwargs(path)
+                kwargs["project"] = kwargs["project"].unpaired()
+                rerun = process_file(path, own, **kwargs)
+                results[results.index(finished[path])] = finished[path] = rerun
+
     def done(result: FileResult) -> None:
         results.append(result)
         finished[result.path] = result
         group = group_of[result.path]
-        if write and all(path in finished for path in group):
-            _write_together([finished[path] for path in group])
-        if on_done:
+        complete = all(path in finished for path in group)
+        if complete:
+            settle(group)
+            if write:
+                _write_together([finished[path] for path in group])
+        if on_done and not any(path in handing for path in group):
             on_done(result)
+        elif on_done and complete:  # a paired file is told of once its group is settled
+            for path in group:
+                on_done(finished[path])
 
     if jobs <= 1 or len(paths) < 4:
         for path in paths:
@@ -1321,6 +1345,16 @@ def process_files(
     else:
         _process_in_pool(paths, file_kwargs, jobs, done)
     return results
+
+
+def _refused_handoff(result: FileResult, readers: Mapping[str, frozenset]) -> bool:
+    """One of `readers` (word -> its notes), the words that pair two files,
+    refused this file: none of its findings is a fix, and one is not a note."""
+    for word, notes in readers.items():
+        own = [f for f in result.findings if f.word == word]
+        if own and not any(f.fixed for f in own) and any(f.code not in notes for f in own):
+            return True
+    return False
 
 
 def _open_cache(cache_folder: Optional[Path], plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int]) -> Optional[ResultCache]:

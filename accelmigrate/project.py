@@ -26,6 +26,9 @@ from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import excluded
+from accelmigrate.training_loops import (
+    evaluating_functions, handed_loops as handed_loops_in, loader_source, loop_functions, returned_loader,
+)
 
 # Folders above the script searched for an imported module's file: a script
 # in `tools/` or `src/pkg/` imports from the project's root.
@@ -84,22 +87,57 @@ def reached_modules(
 
 
 def facts_of_project(
-    path: Path, read: dict, devices: frozenset = frozenset(), trees: Optional[dict] = None, imported: bool = False
+    path: Path, read: dict, devices: frozenset = frozenset(), trees: Optional[dict] = None, imported: bool = False,
+    paired: Optional[dict] = None,
 ) -> ProjectFacts:
     """What the modules `path` imports tell about it (codemods/script/project_facts.py),
-    with `devices`, its device parameters, and whether a script of the run
-    imports it; `read` keeps the modules read, for the other files of the run."""
+    with `devices`, its device parameters, whether a script of the run
+    imports it, and what pairs it with another file of the run (`handoffs`);
+    `read` keeps the modules read, for the other files of the run."""
     tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
-    gradients, gpu_datasets = set(), set()
+    gradients, gpu_datasets, evaluating = set(), set(), set()
     for _, module, file in _imported_files(tree, path.resolve().parent, read):
         gradients.update(f"{module}.{name}" for name in _names_once(file, read, _gradient_functions))
         gpu_datasets.update(f"{module}.{name}" for name in _names_once(file, read, _gpu_datasets))
+        evaluating.update(f"{module}.{name}" for name in _names_once(file, read, evaluating_functions))
     return ProjectFacts(
         gradient_functions=frozenset(gradients), device_parameters=devices,
         imported_by_a_script=imported, gpu_datasets=frozenset(gpu_datasets),
+        evaluating_functions=frozenset(evaluating), **(paired or {}),
     )
+
+
+def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> dict[str, dict[str, frozenset]]:
+    """For each file of the run (resolved path), the facts that pair it with
+    another (accelmigrate/training_loops.py reads them): the loop functions
+    of the modules it imports that it hands its trained model and a loader
+    (`training_loops`), its own functions a file of the run hands them to
+    (`received_loops`), the functions of the project whose DataLoader it
+    hands such a loop (`sharded_loaders`), and its own functions that build
+    that DataLoader (`built_loaders`)."""
+    found: dict[str, dict[str, set]] = collections.defaultdict(lambda: collections.defaultdict(set))
+    run = {_key(path) for path in files}  # a module left out of the run is no partner: it stays as it is
+    for path in files:
+        tree = _script_tree(Path(path), trees)
+        modules = {
+            module: file for _, module, file in _imported_files(tree, Path(path).resolve().parent, read) if _key(str(file)) in run
+        }
+        functions = {
+            f"{module}.{function[0]}": (*function, file)
+            for module, file in modules.items() for function in _names_once(file, read, loop_functions)
+        }
+        for own, fact, loader in handed_loops_in(tree, {name: entry[:4] for name, entry in functions.items()}) if functions else ():
+            found[_key(path)]["training_loops"].add(fact)
+            found[_key(str(functions[fact.name][4]))]["received_loops"].add(dataclasses.replace(fact, name=own))
+            source = loader_source(tree, loader)
+            module, _, function = source[0].rpartition(".") if source is not None else ("", "", "")
+            provider = _module_tree(modules[module], read) if module in modules else None
+            if provider is not None and returned_loader(provider, function, source[1]):
+                found[_key(path)]["sharded_loaders"].add(source)
+                found[_key(str(modules[module]))]["built_loaders"].add((function, source[1]))
+    return {key: {name: frozenset(values) for name, values in facts.items()} for key, facts in found.items()}
 
 
 def device_parameters(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> dict[str, frozenset]:
@@ -303,9 +341,13 @@ class ProjectFiles:
                         without_training.add(shown)
         existing = [path for path in files if os.path.isfile(path)]
         devices = device_parameters(existing, read, trees)
+        paired = handoffs(existing, read, trees)
         imported = {_key(module) for modules in reached_from.values() for module in modules}
         facts = {
-            path: facts_of_project(Path(path), read, devices.get(_key(path), frozenset()), trees, _key(path) in imported)
+            path: facts_of_project(
+                Path(path), read, devices.get(_key(path), frozenset()), trees, _key(path) in imported,
+                paired.get(_key(path)),
+            )
             for path in existing
         }
         return cls(files, reached_from, frozenset(without_training), {p: f for p, f in facts.items() if f != NO_FACTS})

@@ -117,6 +117,7 @@ class CodemodInfo:
         self.triggers: Sequence[str] = tuple(entry["triggers"])
         self.codes: Mapping[str, str] = dict(entry["codes"])
         self.notes = frozenset(entry["notes"])
+        self.reads_handoffs = bool(entry.get("reads_handoffs", False))
 
     def check_options(self, options: Mapping[str, str]) -> None:
         _options.check(self.word, options)

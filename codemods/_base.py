@@ -76,6 +76,11 @@ class Codemod(cst.CSTTransformer):
     # occurs in its text. Choose them so that no possible match is missed:
     # every spelling of what the codemod matches must contain one of them.
     triggers: ClassVar[Sequence[str]]
+    # True for a codemod that edits two files of a project as one change (a
+    # model wrapped in the script for the loop of another module: the facts
+    # `training_loops` and `received_loops`): where it refuses one of them,
+    # the engine migrates both again without those facts.
+    reads_handoffs: ClassVar[bool] = False
 
     # True for a codemod that records every finding and fix while it plans,
     # in visit_Module (or later, in leave_Module), and rewrites only what it

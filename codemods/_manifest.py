@@ -52,7 +52,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                          'AM225': 'nn.init initialiser without the trailing underscore: the underscore form',
                          'AM226': 'backward(retain_variables=...) (a TypeError since PyTorch 0.4): '
                                   'retain_graph='},
-               'notes': ()},
+               'notes': (),
+               'reads_handoffs': False},
  'main-guard': {'module': 'main_guard',
                 'name': 'MainGuard',
                 'summary': 'flat scripts: the code that runs at import goes under `if __name__ == '
@@ -67,7 +68,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                                    "script's code sets",
                           'AM123': 'code outside the `if __name__ == "__main__":` block trains, starts '
                                    'processes or goes through a loader'},
-                'notes': ()},
+                'notes': (),
+                'reads_handoffs': False},
  'workers': {'module': 'workers',
              'name': 'Workers',
              'summary': "DataLoader: worker processes sized to this process's cores, pinned memory",
@@ -85,7 +87,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                        'AM107': 'dataset of in-memory tensors: left without workers',
                        'AM108': 'dataset class that puts its tensors on the GPU, which worker processes '
                                 'cannot do'},
-             'notes': ('AM107',)},
+             'notes': ('AM107',),
+             'reads_handoffs': False},
  'item': {'module': 'item',
           'name': 'Item',
           'summary': 'store loss.item() / loss.detach(), not the loss and its graph, across iterations',
@@ -98,7 +101,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                              'store .detach()',
                     'AM203': 'loss kept across iterations with its autograd graph, whose later use cannot be '
                              'followed: detach it by hand'},
-          'notes': ()},
+          'notes': (),
+          'reads_handoffs': False},
  'empty-cache': {'module': 'empty_cache',
                  'name': 'EmptyCache',
                  'summary': 'remove torch.cuda.empty_cache() from loop bodies (a device sync every '
@@ -111,7 +115,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                            'AM211': 'torch.cuda.empty_cache() outside a loop: one device sync, kept',
                            'AM212': 'torch.cuda.empty_cache() in a loop body, inside a larger statement: '
                                     'remove it by hand'},
-                 'notes': ('AM211',)},
+                 'notes': ('AM211',),
+                 'reads_handoffs': False},
  'device': {'module': 'device',
             'name': 'Device',
             'summary': "hard-coded .cuda() / 'cuda' placements -> one device chosen at run time "
@@ -137,7 +142,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                       'AM315': 'NVIDIA apex required at import',
                       'AM316': 'DistributedDataParallel given GPU device_ids, which a model on the CPU '
                                'refuses'},
-            'notes': ()},
+            'notes': (),
+            'reads_handoffs': False},
  'channels-last': {'module': 'channels_last',
                    'name': 'ChannelsLast',
                    'summary': 'conv nets: the model and its 4-D training inputs channels-last (on CUDA)',
@@ -147,7 +153,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                    'codes': {'AM730': 'conv net trained in the channels-first memory format',
                              'AM731': 'conv net whose model or inputs cannot be converted here: convert them '
                                       'by hand'},
-                   'notes': ()},
+                   'notes': (),
+                   'reads_handoffs': False},
  'amp': {'module': 'amp',
          'name': 'Amp',
          'summary': 'mixed precision: torch.autocast around forward and loss, a GradScaler for fp16; apex '
@@ -185,7 +192,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                    'AM416': 'apex usage without a native equivalent: apex left in place',
                    'AM417': 'checkpoint that saves the optimizer but not the GradScaler',
                    'AM418': 'loss that torch refuses under autocast (binary cross-entropy on probabilities)'},
-         'notes': ('AM405', 'AM406', 'AM407', 'AM408')},
+         'notes': ('AM405', 'AM406', 'AM407', 'AM408'),
+         'reads_handoffs': False},
  'ddp': {'module': 'ddp',
          'name': 'DistributedDataParallelCodemod',
          'summary': 'DataParallel or one process -> DistributedDataParallel, DistributedSampler, rank-0 '
@@ -228,7 +236,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                    'AM535': 'random draws (dropout, noise) made by each process for its share of the batch',
                    'AM539': "batch drawn without a DataLoader (by index, whole tensors, a function's "
                             'results), alike on every rank'},
-         'notes': ('AM524', 'AM526', 'AM535', 'AM538')},
+         'notes': ('AM524', 'AM526', 'AM535', 'AM538'),
+         'reads_handoffs': True},
  'sync-bn': {'module': 'sync_bn',
              'name': 'SyncBatchNorm',
              'summary': 'BatchNorm -> SyncBatchNorm before DistributedDataParallel wraps the model',
@@ -241,7 +250,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                        'AM542': "the wrap's process group cannot be passed to the conversion",
                        'AM543': 'no name for torch.nn.SyncBatchNorm where the conversion goes',
                        'AM544': 'model without BatchNorm layers: nothing to convert'},
-             'notes': ('AM544',)},
+             'notes': ('AM544',),
+             'reads_handoffs': False},
  'fsdp': {'module': 'fsdp',
           'name': 'FullyShardedCodemod',
           'summary': 'one process -> FSDP2: the model sharded across processes, DistributedSampler, rank-0 '
@@ -294,7 +304,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                     'AM768': 'model used outside forward (own methods, tracing) where its parameters are '
                              'sharded',
                     'AM769': 'save or load of the model under a condition each rank decides for itself'},
-          'notes': ('AM524', 'AM526', 'AM535', 'AM538')},
+          'notes': ('AM524', 'AM526', 'AM535', 'AM538'),
+          'reads_handoffs': False},
  'accelerate': {'module': 'accelerate',
                 'name': 'AccelerateCodemod',
                 'summary': 'a plain or DataParallel script -> Hugging Face Accelerate (prepare, backward, '
@@ -338,7 +349,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                           'AM830': "loop exit decided on each process's own value",
                           'AM831': "random draw in a loop that trains, alike on every process (a GAN's "
                                    'noise)'},
-                'notes': ('AM811', 'AM816', 'AM817', 'AM822')},
+                'notes': ('AM811', 'AM816', 'AM817', 'AM822'),
+                'reads_handoffs': False},
  'fabric': {'module': 'fabric',
             'name': 'FabricCodemod',
             'summary': 'a plain or DataParallel script -> Lightning Fabric (setup, setup_dataloaders, '
@@ -377,7 +389,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                       'AM929': 'training DataLoader that the processes cannot share out',
                       'AM930': "loop exit decided on each process's own value",
                       'AM931': "random draw in a loop that trains, alike on every process (a GAN's noise)"},
-            'notes': ('AM910', 'AM911', 'AM914', 'AM916', 'AM917', 'AM922')},
+            'notes': ('AM910', 'AM911', 'AM914', 'AM916', 'AM917', 'AM922'),
+            'reads_handoffs': False},
  'accumulate': {'module': 'accumulate',
                 'name': 'Accumulate',
                 'summary': 'accumulate gradients over N micro-batches per optimizer step (--to accumulate=N)',
@@ -405,7 +418,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                                    'prepare what the message names, or accumulate by hand',
                           'AM611': 'backward(loss) through an object that is neither an Accelerator nor a '
                                    'Fabric: accumulate by hand'},
-                'notes': ('AM609',)},
+                'notes': ('AM609',),
+                'reads_handoffs': False},
  'batch-scale': {'module': 'batch_scale',
                  'name': 'BatchScale',
                  'summary': 'multiply the training batch size and the learning rate by K (--to '
@@ -417,7 +431,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                            'AM611': 'learning rate multiplied by K (linear scaling rule)',
                            'AM612': 'batch size or learning rate cannot be scaled safely: scale both by hand',
                            'AM613': 'large batch-scale factor: add a learning-rate warm-up'},
-                 'notes': ()},
+                 'notes': (),
+                 'reads_handoffs': False},
  'fused-optim': {'module': 'fused_optim',
                  'name': 'FusedOptim',
                  'summary': 'fused=True for Adam, AdamW and SGD where the parameters are on CUDA '
@@ -431,7 +446,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                            'AM742': 'optimizer given `foreach=` or `differentiable=`, which exclude `fused=`',
                            'AM743': 'SGD left unfused: the file makes sparse embedding gradients, which '
                                     'fused SGD does not take'},
-                 'notes': ('AM743',)},
+                 'notes': ('AM743',),
+                 'reads_handoffs': False},
  'compile': {'module': 'compile',
              'name': 'Compile',
              'summary': 'torch.compile on each trained model after placement and DDP (on CUDA), checkpoints '
@@ -444,7 +460,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                        'AM703': 'no single place where the model is ready: compile it by hand',
                        'AM704': 'state dict of a compiled model carries `_orig_mod.` keys: save and load it '
                                 'through unwrap_model'},
-             'notes': ()},
+             'notes': (),
+             'reads_handoffs': False},
  'tf32': {'module': 'tf32',
           'name': 'Tf32',
           'summary': 'float32 matmuls on CUDA in TF32 (torch.backends.cuda.matmul.fp32_precision), set once '
@@ -455,7 +472,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
           'codes': {'AM710': 'float32 matmuls on CUDA without TF32',
                     'AM711': 'training runs only when another module calls this file: enable TF32 where the '
                              'script starts'},
-          'notes': ()},
+          'notes': (),
+          'reads_handoffs': False},
  'cudnn-benchmark': {'module': 'cudnn_benchmark',
                      'name': 'CudnnBenchmark',
                      'summary': 'torch.backends.cudnn.benchmark = True at the start, for conv nets with '
@@ -470,7 +488,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                                         'kernels by timing',
                                'AM723': 'training runs only when another module calls this file: set '
                                         'cudnn.benchmark where the script starts'},
-                     'notes': ('AM721',)},
+                     'notes': ('AM721',),
+                     'reads_handoffs': False},
  'safe-load': {'module': 'safe_load',
                'name': 'SafeLoad',
                'summary': 'torch.load(..., weights_only=True) where what is loaded is a state dict',
@@ -480,12 +499,13 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                'codes': {'AM750': 'torch.load of a state dict without weights_only=True',
                          'AM751': 'torch.load that may unpickle more than tensors: check the file, then pass '
                                   'weights_only=True'},
-               'notes': ()}}  # fmt: skip
+               'notes': (),
+               'reads_handoffs': False}}  # fmt: skip
 # --- end of generated table --------------------------------------------------
 
 _START = "# --- generated: do not edit below by hand"
 _END = "# --- end of generated table"
-FIELDS = ("module", "name", "summary", "requires", "triggers", "codes", "notes")
+FIELDS = ("module", "name", "summary", "requires", "triggers", "codes", "notes", "reads_handoffs")
 
 
 def entry_of(cls) -> dict:
@@ -499,6 +519,7 @@ def entry_of(cls) -> dict:
         "triggers": tuple(cls.triggers),
         "codes": dict(cls.codes),
         "notes": tuple(sorted(cls.notes)),
+        "reads_handoffs": bool(cls.reads_handoffs),
     }
 
 

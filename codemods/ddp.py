@@ -162,7 +162,20 @@ What it does
       `model(x)`); `model[0]`, and tools that trace or inspect the module
       (`writer.add_graph(model, ...)`, torchinfo's `summary(model)`);
     - gives `--local_rank` / `--local-rank` a default read from LOCAL_RANK,
-      where torchrun puts it.
+      where torchrun puts it;
+    - migrates a training loop of another module of the project together
+      with the script that hands it the model and the loader
+      (`train_one_epoch(model, train_loader, optimizer, criterion, device)`
+      from `engine.py`): the model is wrapped and the DataLoader sharded in
+      the script, where they are built, `set_epoch` goes around the call;
+      in the loop's module the model parameter is the wrapped model
+      (`unwrap_model(model).state_dict()`), an epoch loop there calls
+      `set_loader_epoch(loader, epoch)` (a no-op on a loader without a
+      DistributedSampler, for a caller outside the run), and the output is
+      rank 0's. A DataLoader only handed to a function of the project that
+      trains nothing (`evaluate(model, val_loader)`) stays whole (AM524).
+      Where ddp refuses either file (a loss summed over the batch in the
+      loop, say), neither is changed, and the script's finding names the loop.
 
 Why
     DataParallel is one Python process driving every GPU: each step it
@@ -225,8 +238,11 @@ Left alone (a finding says what to do by hand)
     that may read what rank 0 is still writing elsewhere (another function,
     or under a branch some ranks may not take); a file that only defines
     (where to call `init_distributed()`), or whose training loop is in an
-    imported function given the model and optimizer built here (the finding
-    names it, AM521). Evaluation DataLoaders stay whole:
+    imported function given the model and optimizer built here, outside
+    the files migrated with it or in a form the project facts do not read
+    (a trainer class's method; the finding names the loop, AM521); a loader
+    handed to such a loop that a third module builds is not sharded (AM521:
+    every rank trains on the same batches). Evaluation DataLoaders stay whole:
     every rank evaluates the full set, so rank 0 prints the numbers a single
     process would. Names the migrated code needs but the file already uses
     stop the migration.
@@ -271,6 +287,7 @@ ADDED_NAMES = {
     "rank_share": RUNTIME,
     "sharded_loader_kwargs": RUNTIME,
     "NullWriter": "accelmigrate.runtime.rank_zero",
+    "set_loader_epoch": RUNTIME,
 }
 # Mechanical consequences of running on several ranks: one finding per file, at the first.
 ONE_FINDING_PER_FILE = {
@@ -285,12 +302,13 @@ ONE_FINDING_PER_FILE = {
     ),
 }
 # Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
-ADDED_WHERE_NEEDED = frozenset({"barrier", "main_process_first", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
+ADDED_WHERE_NEEDED = frozenset({"set_loader_epoch", "barrier", "main_process_first", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
 
 
 class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry, ImportedTrainingLoop):
     word = "ddp"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
+    reads_handoffs = True  # a model wrapped here for a loop of another module: codemods/_ddp/handed_loops.py
     summary = "DataParallel or one process -> DistributedDataParallel, DistributedSampler, rank-0 output"
     requires = ("device", "main-guard")
     codes = {
@@ -381,7 +399,12 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
     def _plan(self) -> None:
         self._refuse_if_already_distributed()
         self._refuse_on_name_clash()
-        if not self._uses.backward_calls:
+        built = self._built_loader_calls()
+        if built and not self._uses.backward_calls and not self._handed_calls():
+            self._plan_built_loaders(built)  # for a training loop a script hands them to
+            self._plan_rank_zero_output([])
+            return
+        if not self._uses.backward_calls and not self._handed_calls():
             self._refuse_if_trained_elsewhere()
             first = next((c for c in self._uses.calls if self._is_model_or_loader_call(c)), None)
             if first is not None:
@@ -392,18 +415,26 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
                 )
             return
         models = []
+        # A loop of this module that a script hands its model and loader (codemods/_ddp/handed_loops.py).
+        received = self._received_models() if self._uses.backward_calls and not self._update_sites() else []
         wrapped_before = self._calls_to(v.DISTRIBUTED_DATA_PARALLEL)  # migrated before
-        if not wrapped_before:
+        if received:
+            models = received
+        elif not wrapped_before:
             models = self._plan_models()
+        self._refuse_summed_losses_handed()
         self._plan_loaders()
         had_data_parallel = bool(self._calls_to(v.DATA_PARALLEL))
         for model in models:
             self._plan_model_references(model, had_data_parallel=had_data_parallel)
+        for model in received:
+            self._check_own_methods(model)
         self._refuse_retained_graphs(models)
         self._plan_learning_rates()
         self._plan_rank_zero_output(models or self._vars_wrapped_by(wrapped_before))
         self._plan_rank_decisions()
-        self._plan_init()
+        if not received:  # the script that hands the model in joins the group
+            self._plan_init()
 
     def _refuse_retained_graphs(self, models: list) -> None:
         """DDP all-reduces each parameter once per forward: a second backward

@@ -259,6 +259,17 @@ def sharded_loader_kwargs(dataset: Dataset, kwargs: dict, split_batch: bool = Tr
     return sharded
 
 
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """`loader.sampler.set_epoch(epoch)` where the loader has a sampler that
+    takes an epoch (a DistributedSampler); any other loader is left as it is.
+    A training loop in a module of its own calls this on the loader it is
+    handed: the script that ddp migrated hands it a sharded one, another
+    caller may hand it a plain one."""
+    sampler = getattr(loader, "sampler", None)
+    if callable(getattr(sampler, "set_epoch", None)):
+        sampler.set_epoch(epoch)
+
+
 class SeededDistributedSampler(DistributedSampler):
     """A DistributedSampler for this launch whose order is the one the
     original `DataLoader(shuffle=True)` drew, from the script's own seeding.
@@ -413,6 +424,7 @@ __all__ = [
     "rank_local_buffers",
     "rank_share",
     "rank_zero_decides",
+    "set_loader_epoch",
     "sharded_loader_kwargs",
     "sum_across_ranks",
     "unwrap_model",

@@ -351,6 +351,8 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                 callee, parent = parent, self.parent(parent)
             if isinstance(parent, cst.Call) and parent.func is callee and not self.script.in_evaluation(parent):
                 return True
+            if self._hands_to_a_loop(reference, "model") and not self.script.in_evaluation(reference):
+                return True
         return False
 
     _trained_by: Optional[dict] = None  # optimizer call -> its models, once asked (every model asks of every optimizer)
@@ -551,6 +553,10 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
                     f"`{model.code}` is moved or rebound after the point where ddp would wrap it: make the model final "
                     f"and on its device first, then wrap it in DistributedDataParallel by hand",
                 )
+        self._check_own_methods(model)
+
+    def _check_own_methods(self, model: Var) -> None:
+        """Refuse when training calls the model's own methods, which bypass DDP's gradient hooks."""
         for reference, _ in self._followed_references(model):
             method = self._own_method_called(reference)
             if method is None:

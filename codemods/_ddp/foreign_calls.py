@@ -11,14 +11,14 @@ from __future__ import annotations
 import libcst as cst
 
 from .._base import walk
-from .queries import ScriptQueries
+from .handed_loops import HandedLoops
 
 # Libraries whose calls see the DDP wrapper as they should (`torch.compile`
 # compiles the wrapper; `isinstance` asks about it).
 KEPT_PREFIXES = ("torch.", "builtins.", "apex.")
 
 
-class ForeignCalls(ScriptQueries):
+class ForeignCalls(HandedLoops):
     """Which calls of other modules' functions get the bare model."""
 
     def _takes_bare_model(self, call: cst.Call, argument: cst.Arg) -> bool:
@@ -27,7 +27,7 @@ class ForeignCalls(ScriptQueries):
         names = self.qualified_names(call.func)
         if not names or any(n.startswith(KEPT_PREFIXES) for n in names) or self._calls_own_function(call):
             return False
-        if not self._imported_callee(call.func):
+        if not self._imported_callee(call.func) or self._hands_to_a_loop(argument.value, "model"):
             return False
         if any(a is not argument and self._is_optimizer(a.value) for a in call.args):
             return False

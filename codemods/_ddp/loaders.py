@@ -10,13 +10,14 @@ from typing import Iterator, Optional
 
 import libcst as cst
 
-from .._base import append_keyword_args, has_star_args, keyword_arg, walk
+from .._base import append_keyword_args, dotted_name, has_star_args, keyword_arg, walk
 from ..script import vocabulary as v
 from ..script.workers_facts import KwargsDict, workers_facts
 from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
 )
+from .handed_loops import HandedLoops
 from .loader_kwargs import LoaderKwargsSharding
 from .output import TQDM
 
@@ -32,13 +33,32 @@ COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 SHARDING_ARGUMENTS = frozenset({"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "generator"})
 
 
-class LoaderSharding(LoaderKwargsSharding):
+class LoaderSharding(LoaderKwargsSharding, HandedLoops):
     """Plans the samplers, set_epoch calls and learning rates."""
 
     def _plan_loaders(self) -> None:
         for call in self._calls_to(v.DATALOADER):
             self._plan_loader(call)
-        if self._training_loaders or self._calls_to(v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER | SHARDED_KWARGS | RANK_SHARE):
+        received = self._plan_received_loaders()
+        if self._training_loaders or received or self._calls_to(v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER | SHARDED_KWARGS | RANK_SHARE):
+            return
+        for call, fact in self._handed_calls():
+            loader = self._handed_argument(call, fact, "loader")
+            if self._sharded_elsewhere(loader):  # the module that builds it shards it
+                try:
+                    self._plan_set_epoch(call, loader, [], received=True)
+                except CannotMigrate as problem:
+                    self.report(problem.node, problem.code, problem.message)
+                continue
+            self.report(
+                call, "AM521",
+                f"the loader handed to `{fact.name}` is not a DataLoader built in this file, so it got no "
+                f"DistributedSampler: every rank trains on the same batches (correct, but no faster than one "
+                f"process); where it is built, give it `sampler=SeededDistributedSampler(dataset, shuffle=...)` "
+                f"instead of `shuffle=` and pass its batch size through `per_process_batch_size()`",
+            )
+            return
+        if self._handed_calls():
             return
         problem = self._plan_index_batches()
         if problem is not None:
@@ -60,7 +80,7 @@ class LoaderSharding(LoaderKwargsSharding):
             return
         loops = self._batch_loops(call)
         training = [loop for loop in loops if self._trains(loop_body(loop[0]))]
-        if loops and not training:
+        if (loops and not training) or (not loops and self._evaluated_elsewhere(call)):
             self.report(
                 call, "AM524",
                 "evaluation DataLoader left whole: every rank evaluates the full set, so rank 0 prints what one "
@@ -68,6 +88,9 @@ class LoaderSharding(LoaderKwargsSharding):
                 "combine sums and counts with `mean_across_ranks(total, count)`, minding the samples the sampler "
                 "repeats to even out the ranks",
             )
+            return
+        if not loops and self._handed_loader_references(call):
+            self._plan_handed_loader(call)
             return
         if not loops:
             self.report(
@@ -90,6 +113,68 @@ class LoaderSharding(LoaderKwargsSharding):
                 self._plan_set_epoch(loop, expression, path)
             except CannotMigrate as problem:
                 self.report(problem.node, problem.code, problem.message)
+
+    def _bound_loader(self, call: cst.Call) -> Optional[Var]:
+        """`loader` of `loader = DataLoader(...)`."""
+        assign = self.parent(call)
+        return self._target_var(assign.targets[0].target) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+
+    def _evaluated_elsewhere(self, call: cst.Call) -> bool:
+        var = self._bound_loader(call)
+        return var is not None and self._only_evaluated(var)
+
+    def _plan_built_loaders(self, calls: list[cst.Call]) -> None:
+        """The loaders this module builds for a training loop a script hands
+        them to: sharded here (where one cannot be, ddp stops for the file,
+        and the engine leaves the script unwrapped too)."""
+        for call in calls:
+            self._training_loaders.append(call)
+            self._plan_training_loader(call)
+
+    def _handed_loader_references(self, call: cst.Call) -> list[tuple[cst.Call, cst.CSTNode]]:
+        """(the handed call, the loader's reference there) for each call of
+        another module's training loop that this DataLoader is handed to."""
+        var = self._bound_loader(call)
+        references = self._references(var) if var is not None else []
+        return [
+            (handed, reference) for handed, fact in self._handed_calls() for reference in references
+            if self._handed_argument(handed, fact, "loader") is reference
+        ]
+
+    def _plan_handed_loader(self, call: cst.Call) -> None:
+        """The loader of a training loop in another module: sharded here, where
+        it is built (a loader that cannot be stops ddp for the file: the loop
+        there takes it as sharded), its epoch set around the call."""
+        self._training_loaders.append(call)
+        self._plan_training_loader(call)
+        for handed, reference in self._handed_loader_references(call):
+            self._plan_set_epoch(handed, reference, [])
+
+    def _plan_received_loaders(self) -> bool:
+        """The loader parameters of this module's loops that a script hands a
+        sharded loader: `set_loader_epoch(loader, epoch)` in an epoch loop
+        here (it leaves a loader without a DistributedSampler as it is: a
+        caller outside the run may hand it a plain one), each rank's own
+        noise; a shape sized by a global batch size stops ddp here."""
+        found = False
+        for loader in self._received_loaders():
+            found = True
+            for reference, path in self._followed_references(loader):  # into the functions it is handed on to
+                for loop in self._loops_over(reference):
+                    if self._trains(loop_body(loop)):
+                        self._refuse_global_batch_shapes(loop)
+                        self._plan_batch_draws(loop, None)
+                        self._plan_set_epoch(loop, reference, path, received=True)
+        return found
+
+    def _refuse_global_batch_shapes(self, loop: cst.CSTNode) -> None:
+        for node in walk(loop_body(loop)):
+            if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node).rpartition(".")[2] == "batch_size" and self._is_shape_argument(node):
+                raise CannotMigrate(
+                    node, "AM533",
+                    f"`{self._code(node)}` shapes a tensor in a loop whose loader the script shards: each step now "
+                    f"holds this process's share of the batch; read the batch's own size (`x.size(0)`), then run ddp again",
+                )
 
     def _plan_training_loader(self, call: cst.Call) -> Optional[cst.BaseExpression]:
         """Plans the sampler and the split batch; the batch size it is given (None: in a dict it cannot see)."""
@@ -287,7 +372,8 @@ class LoaderSharding(LoaderKwargsSharding):
                 except CannotMigrate as problem:
                     self.report(problem.node, problem.code, problem.message)
 
-    def _plan_set_epoch(self, batch_loop: cst.For, expression: cst.CSTNode, path: list) -> None:
+    def _plan_set_epoch(self, batch_loop: cst.For, expression: cst.CSTNode, path: list, received: bool = False) -> None:
+        """`received`: the loader arrives as a parameter, sharded or not: `set_loader_epoch(loader, epoch)`."""
         found = self._epoch_loop(batch_loop, expression, list(path), 0)
         if found is None:
             return  # one pass over the data: nothing to reshuffle
@@ -300,7 +386,7 @@ class LoaderSharding(LoaderKwargsSharding):
             )
         if not isinstance(epoch_loop.body, cst.IndentedBlock):
             raise CannotMigrate(header(epoch_loop), "AM521", "one-line epoch loop: call `loader.sampler.set_epoch(epoch)` at the top of each epoch by hand")
-        if any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "set_epoch" for n in walk(epoch_loop.body)):
+        if any(isinstance(n, cst.Call) and dotted_name(n.func).rpartition(".")[2] in ("set_epoch", "set_loader_epoch") for n in walk(epoch_loop.body)):
             return
         if not is_plain_reference(loader):
             raise CannotMigrate(header(epoch_loop), "AM521", "the training DataLoader has no plain name in the epoch loop: call `loader.sampler.set_epoch(epoch)` by hand")
@@ -309,10 +395,13 @@ class LoaderSharding(LoaderKwargsSharding):
             return
         self._set_epoch_planned.add(key)
         first = epoch_loop.body.body[0]
-        code = f"{self._code(loader)}.sampler.set_epoch({epoch_loop.target.value}){self._module.default_newline}"
-        statement = cst.parse_statement(code, config=self._config)
+        epoch = epoch_loop.target.value
+        code = f"set_loader_epoch({self._code(loader)}, {epoch})" if received else f"{self._code(loader)}.sampler.set_epoch({epoch})"
+        statement = cst.parse_statement(code + self._module.default_newline, config=self._config)
 
         def apply() -> None:
+            if received:
+                self._use("set_loader_epoch")
             self._before.setdefault(first, []).append(Insertion(statement))
 
         self._step(epoch_loop.target, "AM505", f"`{code.strip()}` at the top of the epoch loop: a new order every epoch, the same on every rank", apply)

@@ -99,8 +99,9 @@ class BatchReading:
 class RankNoise(BatchReading, LocalBatchSize):
     """Plans `draw_rank_share(...)` for the batch-sized draws of a training loop."""
 
-    def _plan_batch_draws(self, loop: cst.CSTNode, batch: cst.BaseExpression) -> None:
-        """`batch`: the loader's batch size (`torch.randn(batch_size, latent)` is sized by the batch too)."""
+    def _plan_batch_draws(self, loop: cst.CSTNode, batch: Optional[cst.BaseExpression]) -> None:
+        """`batch`: the loader's batch size (`torch.randn(batch_size, latent)` is sized by the batch too;
+        None for a loader handed in, whose batch size this file does not see)."""
         if not isinstance(loop, cst.For):
             return
         tensors, sizes = self._batch_names(loop)
@@ -109,7 +110,7 @@ class RankNoise(BatchReading, LocalBatchSize):
                 dims = self._draw_dims(node)
                 if dims and (
                     self._is_batch_size(dims[0], tensors, sizes)
-                    or self._reads_loader_batch(dims[0], batch, loop)
+                    or batch is not None and self._reads_loader_batch(dims[0], batch, loop)
                 ):
                     self._plan_shared_draw(node, dims)
 

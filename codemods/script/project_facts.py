@@ -18,6 +18,26 @@ and read by the codemods through `ScriptModel.project`.
 - `gpu_datasets`: the dataset classes of the project's modules, named as
   this file's imports name them (`data.Points`), that put tensors on a GPU
   in their code: worker processes cannot, so their loaders get no workers.
+- `training_loops`: the functions of the project's modules, named as this
+  file's imports name them (`engine.train_one_epoch`), that this file hands
+  the model its optimizer trains and the DataLoader that function's training
+  loop iterates (`train_one_epoch(model, train_loader, optimizer)`): ddp
+  wraps and shards here, where they are built, for the loop there.
+- `evaluating_functions`: the functions of the project's modules, named as
+  this file's imports name them (`engine.evaluate`), that call no
+  backward (nor do the functions of their module they call): a DataLoader
+  only handed to them feeds no training, and stays whole under ddp.
+- `received_loops`: this module's functions that a script of the run hands
+  its trained model and training DataLoader (the same calls, seen from the
+  module that trains): ddp takes the model as wrapped and the loader as
+  sharded there, and makes the function's output rank 0's.
+- `sharded_loaders`: the functions of the project's modules, named as this
+  file's imports name them, with the position of their result
+  (`data.get_loaders`, 0; -1 for a single result), whose DataLoader this
+  file hands such a loop: sharded where it is built.
+- `built_loaders`: this module's functions (and the position of their
+  result) that build the DataLoader a script of the run hands a training
+  loop: ddp gives it its sampler and split batch here.
 
 The engine gives them for the file being migrated (`given`); a file migrated
 on its own (an editor's buffer, stdin) has none.
@@ -31,18 +51,58 @@ import dataclasses
 from typing import Iterator
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class LoopFunction:
+    """A function that trains the model it is given on the loader it is
+    given: its name (as the file that reads the fact names it), and the
+    positions and names of those two parameters."""
+
+    name: str
+    model: str
+    model_index: int
+    loader: str
+    loader_index: int
+
+    def argument(self, call_args: list, which: str):
+        """The argument a call passes for the model or the loader
+        (`which`), or None; `call_args` are (keyword or None, value) pairs."""
+        name, index = (self.model, self.model_index) if which == "model" else (self.loader, self.loader_index)
+        positional = [value for keyword, value in call_args if keyword is None]
+        keywords = {keyword: value for keyword, value in call_args if keyword is not None}
+        return keywords.get(name, positional[index] if index < len(positional) else None)
+
+
 @dataclasses.dataclass(frozen=True)
 class ProjectFacts:
     gradient_functions: frozenset = frozenset()
     device_parameters: frozenset = frozenset()
     imported_by_a_script: bool = False
     gpu_datasets: frozenset = frozenset()
+    training_loops: frozenset = frozenset()  # of LoopFunction
+    evaluating_functions: frozenset = frozenset()
+    received_loops: frozenset = frozenset()  # of LoopFunction, named as the module names them
+    sharded_loaders: frozenset = frozenset()  # of (function, position of its result)
+    built_loaders: frozenset = frozenset()  # of (function, position of its result), this module's
+
+    @property
+    def pairs(self) -> bool:
+        """This file and another of the run make one change (a model wrapped
+        here for a loop there, a loader sharded there for a loop here)."""
+        return bool(self.training_loops or self.received_loops or self.sharded_loaders or self.built_loaders)
+
+    def unpaired(self) -> "ProjectFacts":
+        """These facts without those that pair the file with another."""
+        return dataclasses.replace(
+            self, training_loops=frozenset(), received_loops=frozenset(), sharded_loaders=frozenset(), built_loaders=frozenset()
+        )
 
     def key(self) -> str:
         """A stable text of the facts (part of the result cache's key)."""
         imported = "imported" if self.imported_by_a_script else ""
-        names = (self.gradient_functions, self.device_parameters, self.gpu_datasets)
-        return ";".join([*(",".join(sorted(n)) for n in names), imported])
+        names = (self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions)
+        paired = (self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders)
+        loops = [",".join(map(repr, sorted(found))) for found in paired]
+        return ";".join([*(",".join(sorted(n)) for n in names), imported, *loops])
 
 
 NO_FACTS = ProjectFacts()

@@ -1,0 +1,110 @@
+"""ddp across the modules of a project: a script builds the model, its
+optimizer and the training DataLoader and hands them to a loop in engine.py
+(fixtures/projects/engine_loop: `train_one_epoch` called per epoch from
+train.py; `fit`, whose epoch loop calls `fit_epoch`, from finetune.py; and
+fixtures/projects/fold_trainer, whose loaders come from data.py). The model
+is wrapped and the loader sharded where they are built, the loop's output
+made rank 0's where it runs; two gloo processes end on the one-process
+weights.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelmigrate.engine import process_files
+from conftest import FIXTURES, run_python
+from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
+from test_cli import invoke
+from test_project import plan
+
+PROJECT = FIXTURES / "projects" / "engine_loop"
+EXPECTED = FIXTURES / "projects" / "expected" / "engine_loop" / "ddp"
+SCRIPTS = ("train.py", "finetune.py")
+# What each script saves at its end, the weights compared.
+SAVED = {"train.py": "regressor.pt", "finetune.py": "fitted.pt"}
+
+
+def copy_to(folder: Path) -> Path:
+    shutil.copytree(PROJECT, folder)
+    return folder
+
+
+def migrated(folder: Path) -> Path:
+    done = invoke("apply", "--to", "ddp", "--no-cache", *SCRIPTS, cwd=copy_to(folder))
+    assert done.exit_code == 0, done.output
+    return folder
+
+
+def test_the_script_and_the_loop_module_are_migrated_as_one_change(tmp_path):
+    project = migrated(tmp_path / "project")
+    for name in (*SCRIPTS, "engine.py"):
+        assert (project / name).read_text() == (EXPECTED / name.replace(".py", ".expected.py")).read_text(), name
+    assert (project / "data.py").read_text() == (PROJECT / "data.py").read_text()
+    again = invoke("apply", "--to", "ddp", "--no-cache", *SCRIPTS, cwd=project)
+    assert "0 file(s) changed, 4 unchanged" in again.output, again.output
+    # The validation loader is only handed to `evaluate`, which trains nothing: it stays whole, as a note.
+    checked = invoke("check", "--to", "ddp", "--no-cache", "--show-notes", *SCRIPTS, cwd=PROJECT)
+    assert "train.py:18:18: AM524" in checked.output and "AM521" not in checked.output, checked.output
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_project_to_the_one_process_weights(tmp_path):
+    original = copy_to(tmp_path / "original")
+    printed = {script: run_python(original / script, cwd=original) for script in SCRIPTS}
+    assert all(run.returncode == 0 for run in printed.values()), printed
+    project = migrated(tmp_path / "migrated")
+    launches = {}
+    for script in SCRIPTS:  # each in a folder of its own, all at once
+        folder = shutil.copytree(project, tmp_path / f"two-{script}")
+        launches[script] = (folder, Launch(tmp_path, f"two-{script}", on_two(folder / script), cpu_env(), folder))
+    for script in SCRIPTS:
+        plain = run_python(project / script, cwd=project)  # a world of one: the original's run
+        assert plain.returncode == 0 and plain.stdout == printed[script].stdout, plain.stderr
+    for script, (folder, launch) in launches.items():
+        launch.wait().succeeded()
+        expected, trained = torch.load(original / SAVED[script]), torch.load(folder / SAVED[script])
+        assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE, script
+        assert len(launch.stdout.splitlines()) == len(printed[script].stdout.splitlines()), launch.stdout  # once, by rank 0
+
+
+SUMMED = ("y.to(device))\n        loss.backward()", "y.to(device), reduction=\"sum\")\n        loss.backward()")
+
+
+def test_a_loop_module_ddp_refuses_leaves_the_scripts_that_hand_it_the_model_unwrapped(tmp_path):
+    project = copy_to(tmp_path / "project")
+    engine = project / "engine.py"
+    assert SUMMED[0] in engine.read_text()
+    engine.write_text(engine.read_text().replace(*SUMMED))  # `fit_epoch`, called by `fit`, now sums its loss
+    results = process_files([str(project / s) for s in SCRIPTS], plan("ddp"), jobs=1, follow_imports=True)
+    found = {Path(r.path).name: r for r in results}
+    assert not any(f.fixed for r in results for f in r.findings if f.word == "ddp"), results
+    assert [f.code for f in found["engine.py"].findings] == ["AM520"] and "sums over the batch" in found["engine.py"].findings[0].message
+    for script in SCRIPTS:  # the loop elsewhere, named: neither half of the change is made
+        assert [f.code for f in found[script].findings if f.word == "ddp"] == ["AM521"], found[script].findings
+
+
+FOLD_TRAINER = FIXTURES / "projects" / "fold_trainer"
+
+
+@pytest.mark.slow
+def test_a_loader_built_in_a_data_module_is_sharded_there(tmp_path):
+    original = shutil.copytree(FOLD_TRAINER, tmp_path / "original")
+    project = shutil.copytree(FOLD_TRAINER, tmp_path / "migrated")
+    done = invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    assert "changed train.py: device, ddp" in done.output and "changed data.py: ddp" in done.output, done.output
+    assert "SeededDistributedSampler(train_dataset, shuffle=True)" in (project / "data.py").read_text()
+    assert "set_loader_epoch(train_loader, epoch)" in (project / "train.py").read_text()
+    assert (project / "engine.py").read_text() == (FOLD_TRAINER / "engine.py").read_text()
+    assert "0 file(s) changed" in invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project).output
+    two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
+    before = run_python(original / "train.py", cwd=original)
+    assert run_python(project / "train.py", cwd=project).stdout == before.stdout  # a world of one
+    two.wait().succeeded()
+    # Every rank validates the full set with the model it trained: rank 0 prints the one process's numbers.
+    valid = [[float(line.split()[-1]) for line in run.splitlines()] for run in (before.stdout, two.stdout)]
+    assert len(valid[0]) == len(valid[1]) == 4 and max(abs(a - b) for a, b in zip(*valid)) <= 2e-6, two.stdout
