@@ -15,7 +15,13 @@ gloo processes and compared with the one-process original:
   module, and the run prints the original's accuracy;
 - fixtures/ddp/gan_info_heads.py: a discriminator with two heads, one left
   unused by its own loss: `find_unused_parameters=True`, or DDP fails the
-  second step.
+  second step;
+- fixtures/ddp/gan_trainer_device_branch.py: a trainer class that places
+  both networks (and its loss) in one `if self.gpu_mode:` branch after their
+  optimizers are built: each wrap goes after the branch;
+- fixtures/ddp/resume_branch_move.py: the model made afresh or resumed in
+  the two branches of an `if`, moved once after it: the wrap goes after the
+  move (either branch's model), and the checkpoint holds the model itself.
 
 The fixture inputs are the runnable originals; the launches all start at once.
 """
@@ -34,7 +40,10 @@ from conftest import FIXTURES, run_cli
 from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights
 
 CASES = FIXTURES / "ddp"
-CASES_RUN = ("wrap_alias_forward", "gan_batch_noise", "gan_global_batch_size", "wrap_sibling_function", "gan_info_heads")
+CASES_RUN = (
+    "wrap_alias_forward", "gan_batch_noise", "gan_global_batch_size", "wrap_sibling_function", "gan_info_heads",
+    "gan_trainer_device_branch", "resume_branch_move",
+)
 # The sibling module wrap_sibling_function.py imports: it reads the model's own attribute.
 EVALUATION = textwrap.dedent(
     """\

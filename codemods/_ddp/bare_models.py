@@ -108,7 +108,12 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
 
     def _after_moves(self, anchor: cst.CSTNode, model: Var) -> cst.CSTNode:
         """The last statement of `anchor`'s block, from `anchor` on, that moves the
-        model to its device (`model.to(device)`): DDP wraps a model in place."""
+        model to its device (`model.to(device)`): DDP wraps a model in place.
+        Where the block is a branch of an `if` (`if checkpoint is None: model
+        = Net(); optimizer = ...` `else: model = checkpoint["model"]; ...`)
+        and the block around it moves the model later (`model =
+        model.to(device)`), the wrap goes after that move: it wraps the model
+        of either branch."""
         block = self.parent(anchor)
         body = list(block.body)
         last = anchor
@@ -116,16 +121,58 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         for statement in body[body.index(anchor) + 1:]:
             if any(self._moves_model(statement, name) or self._moves_model_if(statement, name) for name in names):
                 last = statement
+        branching = self._branching_if(block)
+        if branching is not None:
+            outer = self._after_moves(branching, model)
+            if outer is not branching:
+                return outer
         return last
 
+    def _branching_if(self, block: cst.CSTNode) -> Optional[cst.If]:
+        """The (outermost) `if` statement that `block` is a branch of."""
+        owner = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.Else):
+            owner = self.parent(owner)
+        if not isinstance(owner, cst.If):
+            return None
+        while isinstance(self.parent(owner), cst.If):  # an `elif`
+            owner = self.parent(owner)
+        return owner
+
     def _moves_model_if(self, statement: cst.CSTNode, model: Var) -> bool:
-        """`if args.cuda: model.cuda()` (no `else`; nothing else but output):
-        the wrap goes after the `if`, the move keeps its condition."""
-        if not (isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.IndentedBlock)):
+        """`if args.cuda: model.cuda()`, or a device branch that places several
+        things (`if self.gpu_mode: self.G.cuda(); self.D.cuda(); self.loss =
+        nn.BCELoss().cuda()` `else: self.loss = nn.BCELoss()`): the wrap goes
+        after the `if`, the moves keep their condition. Each branch holds only
+        output, moves and assignments that read nothing of the model; one
+        moves it."""
+        if not (isinstance(statement, cst.If) and isinstance(statement.body, cst.IndentedBlock)):
             return False
-        inner = statement.body.body
+        inner = list(statement.body.body)
+        if statement.orelse is not None:
+            if not (isinstance(statement.orelse, cst.Else) and isinstance(statement.orelse.body, cst.IndentedBlock)):
+                return False
+            inner += statement.orelse.body.body
         moves = [s for s in inner if self._moves_model(s, model)]
-        return bool(moves) and all(s in moves or self._is_output_statement(s) for s in inner)
+        return bool(moves) and all(
+            s in moves or self._is_output_statement(s) or self._places_apart_from(s, model) for s in inner
+        )
+
+    def _places_apart_from(self, statement: cst.CSTNode, model: Var) -> bool:
+        """A move of another module (`self.D.cuda()`) or an assignment to
+        something else (`self.loss = nn.BCELoss().cuda()`), reading nothing of the model."""
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        small = statement.body[0]
+        if isinstance(small, cst.Expr):
+            value = small.value
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MOVES):
+                return False
+        elif not (isinstance(small, cst.Assign) and all(self._target_var(t.target) != model for t in small.targets)):
+            return False
+        return not any(
+            isinstance(node, (cst.Name, cst.Attribute)) and self._var_of(node) == model for node in walk(small)
+        )
 
     def _moves_model(self, statement: cst.CSTNode, model: Var) -> bool:
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:

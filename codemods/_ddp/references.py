@@ -72,6 +72,12 @@ class ModelReferences(ForeignCalls):
                         reference, reference,
                         f"`{name}.{attribute}` -> `unwrap_model({name}).{attribute}`: the model's own, which its DDP wrapper lacks",
                     )
+            elif self._saved_in_a_checkpoint(reference):
+                self._plan_unwrap(
+                    reference, reference,
+                    f"`unwrap_model({name})` in the checkpoint `torch.save` writes: the model itself, not its DDP "
+                    f"wrapper (which a later run could not load)",
+                )
             elif isinstance(parent, cst.Subscript) and parent.value is reference:
                 self._plan_unwrap(reference, reference, f"`{name}[...]` -> `unwrap_model({name})[...]`: DDP has no layers to index")
             elif isinstance(parent, cst.Arg) and parent.value is reference and not parent.star:
@@ -93,6 +99,26 @@ class ModelReferences(ForeignCalls):
                         reference, reference,
                         f"`{self._code(call.func)}(unwrap_model({name}), ...)`: it traces or inspects the model itself, not its DDP wrapper",
                     )
+
+    def _saved_in_a_checkpoint(self, reference: cst.CSTNode) -> bool:
+        """`reference` is a value of a dict, list or tuple that `torch.save`
+        writes: `torch.save({"epoch": epoch, "model": model}, path)`, or the
+        container bound to a name first (`state = {...}`, `torch.save(state, path)`)."""
+        element = self.parent(reference)
+        if not (isinstance(element, (cst.DictElement, cst.Element)) and element.value is reference):
+            return False
+        container = self.parent(element)
+        saved = [container]
+        assign = self.parent(container)
+        if isinstance(assign, cst.Assign) and assign.value is container and len(assign.targets) == 1:
+            var = self._target_var(assign.targets[0].target)
+            saved += self._references(var) if var is not None else []
+        for node in saved:
+            argument = self.parent(node)
+            call = self.parent(argument) if isinstance(argument, cst.Arg) else None
+            if isinstance(call, cst.Call) and call.args[0] is argument and argument.keyword is None and self.is_call_to(call, v.TORCH_SAVE):
+                return True
+        return False
 
     def _calls_plain_forward(self, model: Var, attribute: cst.Attribute) -> bool:
         """`model.predict(x)`, where the class's `predict` only returns `self(x)`."""
