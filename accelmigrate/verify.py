@@ -2,7 +2,9 @@
 
     accelmigrate verify train.py --to workers,item --steps 10 -- --epochs 1
 
-Migrates a copy of SCRIPT (the file itself is never written), runs the
+Migrates a copy of SCRIPT, with the modules of its project that the
+migration changes as `apply SCRIPT` would (the engine in engine.py, the
+loaders in data.py; nothing of the project is written), runs the
 original and the copy for K optimizer steps each, both seeded alike and
 measured from outside (`accelmigrate.runtime.verifying`), and prints the loss
 of each step side by side with a verdict: "same" (exit 0) or the first step
@@ -41,7 +43,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from accelmigrate.codemods import DEFAULT_WORDS
-from accelmigrate.engine import MigrationError, migrate_source
+from accelmigrate.engine import process_files
 from accelmigrate.selection import config_for, plan_for
 from accelmigrate.sources import InputError, SourceText, read_source
 from accelmigrate.torch_check import require_torch
@@ -105,16 +107,34 @@ def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
     return Setup(batch_scale=accumulate, processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
 
 
-def migrated_copy(script: Path, words_spec: Optional[str]) -> tuple[SourceText, SourceText, dict[str, dict[str, str]]]:
-    """(original, migrated copy, words with options) of SCRIPT: the words of
-    --to, else of `[tool.accelmigrate]`, with its options, as `apply` takes them."""
+@dataclasses.dataclass
+class MigratedCopy:
+    """SCRIPT before and after, the words with their options, and the modules
+    of its project that the migration changed with it (resolved path ->
+    migrated text), as `apply SCRIPT` would write them."""
+
+    original: SourceText
+    migrated: SourceText
+    words: dict[str, dict[str, str]]
+    modules: dict[Path, SourceText]
+
+
+def migrated_copy(script: Path, words_spec: Optional[str]) -> MigratedCopy:
+    """SCRIPT and its project migrated, nothing written: the words of --to,
+    else of `[tool.accelmigrate]`, with its options, as `apply` takes them."""
     plan = plan_for(words_spec, config_for([str(script)]), DEFAULT_WORDS)
     try:
         source = read_source(script)
-        migration = migrate_source(source.text, plan, str(script))
-    except (InputError, MigrationError) as error:
+    except InputError as error:
         raise VerifyError(str(error)) from None
-    return source, SourceText(migration.code, source.encoding), {word: dict(options) for word, options in plan}
+    results = process_files([str(script)], plan, jobs=1, follow_imports=True)
+    failed = next((r for r in results if r.error is not None), None)
+    if failed is not None:
+        raise VerifyError(failed.error)
+    own = results[0]  # the named file comes first, the modules it reaches after it
+    modules = {Path(r.path).resolve(): SourceText(r.migrated, r.encoding) for r in results[1:] if r.changed}
+    words = {word: dict(options) for word, options in plan}
+    return MigratedCopy(source, SourceText(own.migrated or source.text, source.encoding), words, modules)
 
 
 def _environment(steps: int, batch_scale: int = 1, map_cuda: bool = False) -> dict[str, str]:
@@ -233,16 +253,19 @@ def _number(value: Optional[float]) -> str:
 
 def verify(script: Path, words_spec: Optional[str], steps: int, processes: int, script_args: Sequence[str], rtol: Optional[float]) -> dict:
     """Run both and compare; the result as a dict (also the JSON output)."""
-    original, migrated_source, words = migrated_copy(script, words_spec)
+    copy = migrated_copy(script, words_spec)
+    original, migrated_source, words = copy.original, copy.migrated, copy.words
     setup = setup_for(words, processes)
-    if migrated_source.text == original.text:
+    if migrated_source.text == original.text and not copy.modules:
         return {"script": str(script), "words": list(words), "verdict": "unchanged", "steps": []}
     try:
-        with Workspace(script) as workspace:
+        with Workspace(script, copy.modules) as workspace:
             # Only the original keeps CUDA placements that need mapping here:
             # the migration's whole point is that its copy needs none.
             reference = workspace.run("original", original, script_args, _environment(steps, setup.batch_scale, map_cuda=True))[0]
-            migrated = workspace.run("migrated", migrated_source, script_args, _migrated_environment(steps, words), setup.processes)
+            migrated = workspace.run(
+                "migrated", migrated_source, script_args, _migrated_environment(steps, words), setup.processes, copy.modules
+            )
     except RunFailed as error:
         raise VerifyError(str(error)) from None
     if not reference["steps"] and not any(record["steps"] for record in migrated):

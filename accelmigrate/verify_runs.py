@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from accelmigrate.runtime.side_folders import mirror
 from accelmigrate.sources import SourceText, write_atomically
@@ -86,11 +86,17 @@ def _signals_held() -> Iterator[None]:
 class Workspace:
     """The temporary folder of one verify; `run` runs one side in it."""
 
-    def __init__(self, script: Path) -> None:
+    def __init__(self, script: Path, modules: Iterable[Path] = ()) -> None:
+        """`modules`: files of the project (resolved) that the migrated side
+        replaces too; the mirror is rooted where it holds them all."""
         self.script = script.resolve()
         here = Path.cwd().resolve()
         self.root = here if here in self.script.parents else self.script.parent
+        for module in modules:
+            while self.root not in module.parents:
+                self.root = self.root.parent
         self.cwd = here if here == self.root or self.root in here.parents else self.script.parent
+        self.folders = [str(module.parent) for module in modules]  # kept real in the mirror: a module is written there
         self.top: Optional[str] = None
 
     def __enter__(self) -> "Workspace":
@@ -102,14 +108,18 @@ class Workspace:
             shutil.rmtree(self.top, ignore_errors=True)
 
     def run(
-        self, side: str, source: SourceText, script_args: Sequence[str], env: dict[str, str], processes: int = 1
+        self, side: str, source: SourceText, script_args: Sequence[str], env: dict[str, str], processes: int = 1,
+        modules: Optional[Mapping[Path, SourceText]] = None,
     ) -> list[dict]:
-        """Run `source` as the script, in this side's mirror; one record per rank."""
+        """Run `source` as the script, in this side's mirror, with `modules`
+        (resolved path -> text) in place of the project's; one record per rank."""
         side_parent = os.path.join(self.top, side)
         copy_root = os.path.join(side_parent, self.root.name or "root")
-        mirror(str(self.root), copy_root, keep_real=[str(self.script.parent), str(self.cwd)])
+        mirror(str(self.root), copy_root, keep_real=[str(self.script.parent), str(self.cwd), *self.folders])
         script = os.path.join(copy_root, os.path.relpath(self.script, self.root))
         _write_script(Path(script), source)
+        for module, text in (modules or {}).items():
+            _write_script(Path(copy_root, os.path.relpath(module, self.root)), text)
         records = os.path.join(self.top, f"{side}-records")
         os.mkdir(records)
         env = {

@@ -108,3 +108,12 @@ def test_a_loader_built_in_a_data_module_is_sharded_there(tmp_path):
     # Every rank validates the full set with the model it trained: rank 0 prints the one process's numbers.
     valid = [[float(line.split()[-1]) for line in run.splitlines()] for run in (before.stdout, two.stdout)]
     assert len(valid[0]) == len(valid[1]) == 4 and max(abs(a - b) for a, b in zip(*valid)) <= 2e-6, two.stdout
+
+
+@pytest.mark.slow
+def test_verify_runs_the_migrated_project_against_the_original(tmp_path):
+    project = copy_to(tmp_path / "project")
+    done = invoke("verify", "train.py", "--to", "ddp", "--steps", "6", cwd=project)
+    assert done.exit_code == 0 and "same: 6 steps agree" in done.output and "2 processes against one" in done.output, done.output
+    for name in ("train.py", "engine.py", "finetune.py", "data.py"):  # verify writes nothing of the project
+        assert (project / name).read_text() == (PROJECT / name).read_text(), name

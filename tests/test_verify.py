@@ -5,6 +5,7 @@ broken migration must be named at the step where it parts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelmigrate import verify as verify_module
+from accelmigrate.sources import SourceText
 from accelmigrate.verify import verify_command
 
 from conftest import SCRIPTS, TEARDOWN_ABORT
@@ -56,24 +58,29 @@ def test_bundled_migrations_train_the_same(tmp_path, name, words, args):
     assert [p.name for p in tmp_path.iterdir()] == [name]  # the migrated copy is gone
 
 
+def plant(monkeypatch, change) -> None:
+    """The migrated copy verify runs, changed by `change` (its text -> a new text)."""
+    real = verify_module.migrated_copy
+
+    def planted(script, words_spec):
+        copy = real(script, words_spec)
+        code = change(copy.migrated.text)
+        assert code != copy.migrated.text
+        return dataclasses.replace(copy, migrated=SourceText(code, copy.migrated.encoding))
+
+    monkeypatch.setattr(verify_module, "migrated_copy", planted)
+
+
 def test_a_planted_break_is_named_at_its_step(tmp_path, monkeypatch):
     script = copy_script(tmp_path, "mlp_classifier.py")
-    real_migrate = verify_module.migrate_source
-
-    def broken_migration(source, plan, path):
-        migration = real_migrate(source, plan, path)
-        # From the third optimizer step on, the loss is doubled.
-        code = migration.code.replace(
-            "            loss.backward()",
-            "            broken_steps.append(1)\n"
-            "            if len(broken_steps) >= 3:\n"
-            "                loss = loss * 2\n"
-            "            loss.backward()",
-        ).replace("import torch\n", "import torch\nbroken_steps = []\n", 1)
-        assert code != migration.code
-        return type(migration)(code, migration.findings)
-
-    monkeypatch.setattr(verify_module, "migrate_source", broken_migration)
+    # From the third optimizer step on, the loss is doubled.
+    plant(monkeypatch, lambda code: code.replace(
+        "            loss.backward()",
+        "            broken_steps.append(1)\n"
+        "            if len(broken_steps) >= 3:\n"
+        "                loss = loss * 2\n"
+        "            loss.backward()",
+    ).replace("import torch\n", "import torch\nbroken_steps = []\n", 1))
     code, result = run_verify(str(script), "--to", "workers", "--steps", "5")
     assert code == 1
     assert result["verdict"] == "differ"
@@ -85,13 +92,7 @@ def test_a_planted_break_is_named_at_its_step(tmp_path, monkeypatch):
 
 def test_text_output_names_the_first_differing_step(tmp_path, monkeypatch):
     script = copy_script(tmp_path, "mlp_classifier.py")
-    real_migrate = verify_module.migrate_source
-
-    def lr_changed(source, plan, path):
-        migration = real_migrate(source, plan, path)
-        return type(migration)(migration.code.replace("lr=", "lr=1.5 * "), migration.findings)
-
-    monkeypatch.setattr(verify_module, "migrate_source", lr_changed)
+    plant(monkeypatch, lambda code: code.replace("lr=", "lr=1.5 * "))
     result = CliRunner().invoke(verify_command, [str(script), "--to", "workers", "--steps", "3"])
     assert result.exit_code == 1
     assert "differ: from step 1: the weights after the step differ" in result.output
@@ -129,15 +130,9 @@ def test_ddp_on_two_processes_matches_one(tmp_path):
 
 def test_ddp_without_gradient_averaging_is_caught(tmp_path, monkeypatch):
     script = copy_script(tmp_path, "ddp_plain_flat.py")
-    real_migrate = verify_module.migrate_source
-
-    def unwrapped(source, plan, path):
-        migration = real_migrate(source, plan, path)
-        code = migration.code.replace("    if is_distributed():\n        model = DistributedDataParallel", "    if False:\n        model = DistributedDataParallel")
-        assert code != migration.code
-        return type(migration)(code, migration.findings)
-
-    monkeypatch.setattr(verify_module, "migrate_source", unwrapped)
+    plant(monkeypatch, lambda code: code.replace(
+        "    if is_distributed():\n        model = DistributedDataParallel", "    if False:\n        model = DistributedDataParallel"
+    ))
     code, result = run_verify(str(script), "--to", "ddp", "--steps", "3", "--", str(tmp_path))
     assert code == 1
     assert result["first_differing_step"] == 1
