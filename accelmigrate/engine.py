@@ -617,12 +617,15 @@ def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> 
     its verdict on syntax (a MigrationError) and the pre-check facts, which
     each codemod's rule reads (seeing also what the codemods before it may
     write)."""
-    wanted = [(cls, options) for cls, options in _classes(plan) if cls.wants(source)]
+    # A file the project pairs with another (a helper module whose output
+    # becomes rank 0's) may need a word whose own triggers it lacks.
+    paired = project_facts.current().pairs
+    wanted = [(cls, options) for cls, options in _classes(plan) if cls.wants(source) or paired and cls.reads_handoffs]
     facts = _cpython_facts(source, path, walk=bool(wanted))
     if facts is None:
         return []
     kept = set(words_that_may_apply(facts, [cls.word for cls, _ in wanted]))
-    return [(cls, options) for cls, options in wanted if cls.word in kept]
+    return [(cls, options) for cls, options in wanted if cls.word in kept or paired and cls.reads_handoffs]
 
 
 def _run_codemods(
@@ -1313,9 +1316,12 @@ def process_files(
 
     def settle(group: list[str]) -> None:
         """Where a word that edits two files as one change refused one of
-        them, the files it would have paired with it are migrated again
-        without the facts that pair them: neither half of the change is made."""
-        refused = {path for path in group if path in handing and _refused_handoff(finished[path], readers)}
+        them, or the script that imports them, the files it would have paired
+        are migrated again without the facts that pair them: neither half of
+        the change is made (nor a helper module's output made rank 0's for a
+        script that stays one process)."""
+        scripts = project.reached_from.keys()
+        refused = {path for path in group if (path in handing or path in scripts) and _refused_handoff(finished[path], readers)}
         for path in group if refused else ():
             if path in handing and path not in refused:  # a refused file keeps its result: it says why
                 own, kwargs = file_kwargs(path)

@@ -27,7 +27,7 @@ from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import excluded
 from accelmigrate.training_loops import (
-    evaluating_functions, handed_loops as handed_loops_in, loader_source, loop_functions, returned_loader,
+    evaluating_functions, file_writers, handed_loops as handed_loops_in, loader_source, loop_functions, returned_loader,
 )
 
 # Folders above the script searched for an imported module's file: a script
@@ -106,6 +106,16 @@ def facts_of_project(
         gradient_functions=frozenset(gradients), device_parameters=devices,
         imported_by_a_script=imported, gpu_datasets=frozenset(gpu_datasets),
         evaluating_functions=frozenset(evaluating), **(paired or {}),
+    )
+
+
+def _writers_in(path: Path, libraries: set, read: dict, trees: Optional[dict]) -> frozenset:
+    """The file-writing functions and classes of the helper modules (`libraries`,
+    resolved) that `path` imports, as it names them."""
+    tree = _script_tree(path, trees)
+    return frozenset(
+        f"{module}.{name}" for _, module, file in _imported_files(tree, path.resolve().parent, read) if _key(str(file)) in libraries
+        for name in _names_once(file, read, file_writers)
     )
 
 
@@ -343,10 +353,14 @@ class ProjectFiles:
         devices = device_parameters(existing, read, trees)
         paired = handoffs(existing, read, trees)
         imported = {_key(module) for modules in reached_from.values() for module in modules}
+        libraries = {_key(path) for path in without_training} & imported
         facts = {
             path: facts_of_project(
                 Path(path), read, devices.get(_key(path), frozenset()), trees, _key(path) in imported,
-                paired.get(_key(path)),
+                {
+                    **paired.get(_key(path), {}), "rank_zero_library": _key(path) in libraries,
+                    "rank_zero_writers": _writers_in(Path(path), libraries, read, trees),
+                },
             )
             for path in existing
         }

@@ -20,6 +20,8 @@ from typing import Iterator, Optional
 
 from accelmigrate.codemods.script.project_facts import LoopFunction
 
+# Calls that write a file, by their last name (`torch.save`, `np.savez`, `plt.savefig`).
+SAVES = frozenset({"save", "savez", "savez_compressed", "savetxt", "savefig"})
 # Calls that hand a loop the loader's batches unchanged.
 PASS_THROUGH = frozenset({"enumerate", "tqdm", "iter"})
 
@@ -92,6 +94,26 @@ def evaluating_functions(tree: ast.Module) -> Iterator[str]:
             break
         training |= more
     yield from (name for name in functions if name not in training)
+
+
+def file_writers(tree: ast.Module) -> Iterator[str]:
+    """The module-level functions and classes that write a file: a
+    `torch.save`/`numpy.save`/`savefig`, or an `open(...)` to write."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and any(_writes(call) for call in ast.walk(node)):
+            yield node.name
+
+
+def _writes(call: ast.AST) -> bool:
+    if not isinstance(call, ast.Call):
+        return False
+    name = getattr(call.func, "attr", getattr(call.func, "id", ""))
+    if name in SAVES:
+        return True
+    if name != "open":
+        return False
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and bool(set(mode.value) & set("wax"))
 
 
 def _calls_any(function: ast.AST, names: set) -> bool:

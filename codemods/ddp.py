@@ -404,6 +404,9 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
             self._plan_built_loaders(built)  # for a training loop a script hands them to
             self._plan_rank_zero_output([])
             return
+        if self._rank_zero_library() and not self._uses.backward_calls:
+            self._plan_rank_zero_output([])  # a helper module of the script: its output is rank 0's
+            return
         if not self._uses.backward_calls and not self._handed_calls():
             self._refuse_if_trained_elsewhere()
             first = next((c for c in self._uses.calls if self._is_model_or_loader_call(c)), None)

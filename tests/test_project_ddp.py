@@ -117,3 +117,28 @@ def test_verify_runs_the_migrated_project_against_the_original(tmp_path):
     assert done.exit_code == 0 and "same: 6 steps agree" in done.output and "2 processes against one" in done.output, done.output
     for name in ("train.py", "engine.py", "finetune.py", "data.py"):  # verify writes nothing of the project
         assert (project / name).read_text() == (PROJECT / name).read_text(), name
+
+
+HELPERS = FIXTURES / "projects" / "helper_output"
+
+
+@pytest.mark.slow
+def test_a_helper_modules_log_and_checkpoint_are_rank_zeros(tmp_path):
+    """utils.py's `log` prints and appends to a file, its EarlyStopping saves
+    the best weights: under ddp rank 0 alone does both, the script reads the
+    checkpoint back after a barrier, and the helper saves the model itself."""
+    original = shutil.copytree(HELPERS, tmp_path / "original")
+    project = shutil.copytree(HELPERS, tmp_path / "migrated")
+    done = invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    assert "changed utils.py: ddp" in done.output, done.output
+    for name in ("train.py", "utils.py"):
+        assert (project / name).read_text() == (EXPECTED.parent.parent / "helper_output" / "ddp" / f"{name[:-3]}.expected.py").read_text()
+    assert "0 file(s) changed" in invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project).output
+    two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
+    before = run_python(original / "train.py", cwd=original)
+    assert before.returncode == 0, before.stderr
+    two.wait().succeeded()
+    assert two.stdout == before.stdout  # each line once, with the one-process numbers
+    assert (project / "train.log").read_text() == (original / "train.log").read_text()
+    expected, trained = torch.load(original / "best.pt"), torch.load(project / "best.pt")
+    assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE

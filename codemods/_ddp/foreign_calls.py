@@ -34,10 +34,18 @@ class ForeignCalls(HandedLoops):
         return not self._feeds_backward(call)
 
     def _imported_callee(self, func: cst.BaseExpression) -> bool:
+        """An imported function, or a method of an instance of an imported
+        class (`early_stopping(val_loss, model)` with `early_stopping =
+        EarlyStopping(patience=7)` from the project's utils)."""
         root = func
         while isinstance(root, cst.Attribute):
             root = root.value
-        return isinstance(root, cst.Name) and any(b.kind == "import" for b in self.script.bindings_of(root.value, root))
+        if not isinstance(root, cst.Name):
+            return False
+        if any(b.kind == "import" for b in self.script.bindings_of(root.value, root)):
+            return True
+        made = self._made_by_call(root)
+        return made is not None and self._imported_callee(made.func)
 
     def _is_optimizer(self, value: cst.BaseExpression) -> bool:
         if isinstance(value, cst.Name):

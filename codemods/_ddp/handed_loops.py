@@ -152,6 +152,10 @@ class HandedLoops(ScriptQueries):
         names = self.script.qualified_names(assign.value.func) if isinstance(assign.value, cst.Call) else set()
         return any((name, position) in sources for name in names for position in positions)
 
+    def _rank_zero_library(self) -> bool:
+        """A helper module of a script of the run (the fact `rank_zero_library`)."""
+        return self.reads_handoffs and project_facts.current().rank_zero_library
+
     # -- the module that builds the loader -------------------------------------------
 
     def _built_loader_calls(self) -> list[cst.Call]:

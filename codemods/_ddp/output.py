@@ -13,7 +13,7 @@ from typing import Optional
 import libcst as cst
 
 from .._base import append_keyword_args, has_star_args, is_main_guard, keyword_arg, walk
-from ..script import vocabulary as v
+from ..script import project_facts, vocabulary as v
 from .common import RUNTIME, Insertion, Var, set_keyword
 from .batch_norm import BatchNormNote
 from .rank_zero_files import RankZeroFiles
@@ -172,6 +172,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         self._plan_directories()
         self._note_batch_norm(models)  # with the models' other per-rank consequences
         self._note_rank_randomness(models)
+        written.extend((call, None) for call in self._helper_writes())
         if written:
             self._plan_reads_after_writes(written)
 
@@ -387,7 +388,8 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         same function waits for it at a `barrier()` first; removal is rank 0's
         alone, once every rank has read it. A read in a loop of a file written
         later in the loop waits at a `barrier()` after the write."""
-        written = [(w, self._code(path)) for w, path in writes]
+        # A helper module's write (path None) may have written any file.
+        written = [(w, self._code(path) if path is not None else None) for w, path in writes]
         for node in self._uses.calls:
             if node in self._rank_zero_work:
                 continue
@@ -395,7 +397,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             path = self._path_argument(node, REMOVED_PATH if removal else READ_PATH)
             if path is None or (not removal and self.is_call_to(node, OPEN) and _opens_for_writing(node)):
                 continue
-            same = [w for w, code in written if code == self._code(path)]
+            same = [w for w, code in written if code is None or code == self._code(path)]
             if not any(self._comes_before_in_same_function(w, node) for w in same):
                 if not removal and any(self._plan_barrier_after(w, node) for w in same):
                     continue
@@ -407,6 +409,20 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
                     )
                 continue
             self._plan_barrier_before(node, removal)
+
+    def _helper_writes(self) -> list[cst.Call]:
+        """The calls of a helper module's function or class that writes a file
+        on rank 0 alone now (the fact `rank_zero_writers`): the function, the
+        class, or an instance of it (`stopper(val_loss, model)` with `stopper =
+        EarlyStopping(...)`)."""
+        writers = project_facts.current().rank_zero_writers if self.reads_handoffs else frozenset()
+        found = []
+        for call in self._uses.calls if writers else ():
+            root = call.func.value if isinstance(call.func, cst.Attribute) else call.func
+            made = self._made_by_call(root)
+            if self.qualified_names(call.func) & writers or (made is not None and self.qualified_names(made.func) & writers):
+                found.append(call)
+        return found
 
     def _written_path(self, write: cst.CSTNode) -> Optional[cst.BaseExpression]:
         if isinstance(write, cst.With):
@@ -482,7 +498,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             return
         if removal and not self._plan_guard(statement, "removing a file rank 0 wrote"):
             return
-        if statement in self._barrier_planned:
+        if statement in self._barrier_planned or self._follows_a_barrier(statement):
             return
         self._barrier_planned.add(statement)
 
@@ -494,6 +510,16 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         else:
             message = "`barrier()` before every rank reads the file rank 0 writes above: it is written by then"
         self._step(call, "AM528", message, apply)
+
+    def _follows_a_barrier(self, statement: cst.CSTNode) -> bool:
+        """The statement before `statement` in its block is a `barrier()` (a migration run before)."""
+        block = list(self.parent(statement).body)
+        index = block.index(statement)
+        before = block[index - 1] if index > 0 else None
+        return (
+            isinstance(before, cst.SimpleStatementLine) and len(before.body) == 1 and isinstance(before.body[0], cst.Expr)
+            and isinstance(before.body[0].value, cst.Call) and self.is_qualified(before.body[0].value.func, {f"{RUNTIME}.barrier"})
+        )
 
     def _runs_alike_on_every_rank(self, statement: cst.CSTNode) -> bool:
         """Does every rank reach `statement` as often as the others? Provably when

@@ -42,6 +42,13 @@ class ScriptQueries(Codemod):
             return self._target_var(expression)
         return None
 
+    def _made_by_call(self, node: cst.CSTNode) -> Optional[cst.Call]:
+        """The call a name is bound to, when it is bound once, to a call
+        (`stopper` of `stopper = EarlyStopping(patience=7)`)."""
+        bindings = self.script.bindings_of(node.value, node) if isinstance(node, cst.Name) else []
+        made = [b.value for b in bindings if b.kind == "assign"]
+        return made[0] if len(made) == len(bindings) == 1 and isinstance(made[0], cst.Call) else None
+
     def _root_var(self, expression: cst.CSTNode) -> Optional[Var]:
         """`model.fc` -> model; `self.net.encoder` -> self.net."""
         while isinstance(expression, cst.Attribute):

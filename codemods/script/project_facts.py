@@ -35,6 +35,13 @@ and read by the codemods through `ScriptModel.project`.
   file's imports name them, with the position of their result
   (`data.get_loaders`, 0; -1 for a single result), whose DataLoader this
   file hands such a loop: sharded where it is built.
+- `rank_zero_library`: a module a script of the run imports that holds no
+  training step of its own (a logger, checkpoint and early-stopping
+  helpers): ddp makes its output and file writes rank 0's, as the script's.
+- `rank_zero_writers`: the functions and classes of those helper modules,
+  named as this file's imports name them (`utils.EarlyStopping`), that
+  write a file: rank 0 alone writes it now, so this file's reads of a file
+  after their calls wait at a `barrier()` as after its own writes.
 - `built_loaders`: this module's functions (and the position of their
   result) that build the DataLoader a script of the run hands a training
   loop: ddp gives it its sampler and split batch here.
@@ -83,23 +90,31 @@ class ProjectFacts:
     received_loops: frozenset = frozenset()  # of LoopFunction, named as the module names them
     sharded_loaders: frozenset = frozenset()  # of (function, position of its result)
     built_loaders: frozenset = frozenset()  # of (function, position of its result), this module's
+    rank_zero_library: bool = False
+    rank_zero_writers: frozenset = frozenset()
 
     @property
     def pairs(self) -> bool:
         """This file and another of the run make one change (a model wrapped
         here for a loop there, a loader sharded there for a loop here)."""
-        return bool(self.training_loops or self.received_loops or self.sharded_loaders or self.built_loaders)
+        return bool(
+            self.training_loops or self.received_loops or self.sharded_loaders or self.built_loaders or self.rank_zero_library
+            or self.rank_zero_writers
+        )
 
     def unpaired(self) -> "ProjectFacts":
         """These facts without those that pair the file with another."""
         return dataclasses.replace(
-            self, training_loops=frozenset(), received_loops=frozenset(), sharded_loaders=frozenset(), built_loaders=frozenset()
+            self, training_loops=frozenset(), received_loops=frozenset(), sharded_loaders=frozenset(), built_loaders=frozenset(),
+            rank_zero_library=False, rank_zero_writers=frozenset(),
         )
 
     def key(self) -> str:
         """A stable text of the facts (part of the result cache's key)."""
-        imported = "imported" if self.imported_by_a_script else ""
-        names = (self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions)
+        imported = ("imported" if self.imported_by_a_script else "") + ("library" if self.rank_zero_library else "")
+        names = (
+            self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions, self.rank_zero_writers
+        )
         paired = (self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders)
         loops = [",".join(map(repr, sorted(found))) for found in paired]
         return ";".join([*(",".join(sorted(n)) for n in names), imported, *loops])
