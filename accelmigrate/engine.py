@@ -1290,10 +1290,11 @@ def process_files(
     readers = {info.word: info.notes for info, _ in _classes(plan) if info.reads_handoffs}
     handing = {path for path, facts in project.facts.items() if readers and facts.pairs}
 
-    def file_kwargs(path: str) -> tuple[Plan, dict]:
+    def file_kwargs(path: str, paired: bool = True) -> tuple[Plan, dict]:
         # A module without a training step gets the words that act on one
-        # only where it builds the loader a paired training loop is handed.
-        kept = readers.keys() if path in handing else ()
+        # only where the project pairs it with another file (it builds the
+        # loader a paired loop is handed, or it is a helper of a script).
+        kept = readers.keys() if paired and path in handing else ()
         own = [(word, options) for word, options in plan if word not in TRAINING_WORDS or word in kept] if path in project.without_training else plan
         key = repr(own)
         if key not in caches:
@@ -1324,7 +1325,7 @@ def process_files(
         refused = {path for path in group if (path in handing or path in scripts) and _refused_handoff(finished[path], readers)}
         for path in group if refused else ():
             if path in handing and path not in refused:  # a refused file keeps its result: it says why
-                own, kwargs = file_kwargs(path)
+                own, kwargs = file_kwargs(path, paired=False)
                 kwargs["project"] = kwargs["project"].unpaired()
                 rerun = process_file(path, own, **kwargs)
                 results[results.index(finished[path])] = finished[path] = rerun

@@ -142,3 +142,24 @@ def test_a_helper_modules_log_and_checkpoint_are_rank_zeros(tmp_path):
     assert (project / "train.log").read_text() == (original / "train.log").read_text()
     expected, trained = torch.load(original / "best.pt"), torch.load(project / "best.pt")
     assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE
+
+
+LOADER_FACTORY = """
+
+def loader_of(data, batch_size=8):
+    from torch.utils.data import DataLoader
+
+    return DataLoader(data, batch_size=batch_size, shuffle=True)
+"""
+
+
+def test_a_script_ddp_refuses_leaves_its_helper_modules_alone(tmp_path):
+    project = shutil.copytree(HELPERS, tmp_path / "project")
+    script = project / "train.py"
+    script.write_text(script.read_text().replace("loss.backward()", "loss.backward(retain_graph=True)"))  # AM512
+    helpers = project / "utils.py"  # with a loader factory the script does not use
+    helpers.write_text(helpers.read_text() + LOADER_FACTORY)
+    results = process_files([str(script)], plan("ddp"), jobs=1, follow_imports=True)
+    found = {Path(r.path).name: r for r in results}
+    assert [f.code for f in found["train.py"].findings if f.word == "ddp"] == ["AM512"], found["train.py"].findings
+    assert not found["utils.py"].changed and not found["utils.py"].findings, found["utils.py"]
