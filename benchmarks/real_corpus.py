@@ -487,7 +487,7 @@ def parity_of(migrations: list[Migration], ran: dict, checkouts: dict, root: Pat
     found = {}
     for index, m in enumerate(jobs):
         original = stage(m.entry, checkouts[m.entry], root / f"parity-original-{index}")
-        found[m.entry.name, m.words] = parity_on_two(original, m.copy, root / f"parity-{index}", MULTI_PROCESS[m.words])
+        found[m.entry.name, m.words] = parity_on_two(runnable(original), runnable(m.copy), root / f"parity-{index}", MULTI_PROCESS[m.words])
     return found
 
 

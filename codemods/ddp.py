@@ -176,6 +176,10 @@ What it does
       trains nothing (`evaluate(model, val_loader)`) stays whole (AM524).
       Where ddp refuses either file (a loss summed over the batch in the
       loop, say), neither is changed, and the script's finding names the loop.
+      The helper modules a script imports that hold no training step (a
+      `log` function, an early-stopping class that saves the best weights)
+      get their output and file writes on rank 0 too, and the script reads
+      a file after a call of such a writer after a `barrier()`.
 
 Why
     DataParallel is one Python process driving every GPU: each step it
