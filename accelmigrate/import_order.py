@@ -8,8 +8,8 @@ isort and ruff use), at its sorted place there: plain `import` statements
 before `from` ones, modules compared without case, or by module alone when the
 file sorts them that way (isort's force_sort_within_sections). A section the
 file does not have yet becomes a group of its own, between blank lines. The
-names of a `from` import that gained names are sorted as those tools sort
-them: constants, classes, then the rest. A file whose imports were in that
+names of a new `from` import, or one that gained names, are sorted as those
+tools sort them: constants, classes, then the rest. A file whose imports were in that
 order keeps passing `ruff check --select I` (and isort's `--check`).
 
 First party is what isort and ruff find by default: a module or package of
@@ -42,7 +42,7 @@ class _Import:
 
 def place_new_imports(original: str, migrated: str, path: Optional[str] = None) -> str:
     """MIGRATED with the imports it has and ORIGINAL has not moved into their
-    sections, and the names of grown `from` imports sorted; MIGRATED as it is
+    sections, and the names of new and grown `from` imports sorted; MIGRATED as it is
     when its import block is not one this can read (it is then left alone)."""
     try:
         before, after = ast.parse(original), ast.parse(migrated)
@@ -295,10 +295,12 @@ def _sections(entries: list[tuple[int, str]], blank: str) -> list[str]:
 
 
 def _sorted_names(lines: list[str], new: list[_Import], before: ast.Module) -> list[str]:
-    """The grown `from` imports (one line each, as LibCST writes them) with their names in isort's order."""
+    """The new and grown `from` imports (one line each, as LibCST writes
+    them) with their names in isort's order: two words may add names to one
+    new statement (`use_tf32_matmul`, then `fused_on_cuda`)."""
     lines = list(lines)
     for item in new:
-        if not item.is_from or _is_new_statement(item, before):
+        if not item.is_from:
             continue
         names = sorted(item.node.names, key=_member_key)
         if [a.name for a in names] == [a.name for a in item.node.names]:

@@ -234,6 +234,8 @@ SORTED_SCRIPTS = [
         [("ddp", {}), ("sync-bn", {}), ("accumulate", {"value": "4"})],
         id="sync-bn-accumulate",
     ),
+    # Two words add names to one new `from` import, in the order they run.
+    pytest.param(CLASSIFIER, [("workers", {}), ("tf32", {}), ("fused-optim", {})], id="tf32-fused-optim"),
 ]
 
 
