@@ -55,7 +55,15 @@ def project_line_length(tool: Mapping) -> Optional[int]:
     return None
 
 
+# Above this size a file is generated code or a data table (a 1 MB list on
+# one line): black over it takes tens of seconds, to say what its long lines
+# already say, so its changed statements are fitted instead.
+BLACK_CHECK_LIMIT = 256 * 1024
+
+
 def is_black_formatted(source: str, black_config: Mapping) -> bool:
+    if len(source) > BLACK_CHECK_LIMIT:
+        return False
     import black
 
     try:

@@ -288,3 +288,15 @@ def test_fitting_every_fixture_pair_keeps_its_meaning_and_is_stable(original: Pa
     assert top_level_without_imports(fitted) == top_level_without_imports(after)
     assert imported(fitted) == imported(after)
     assert fit_changed_statements(before, place_new_imports(before, fitted, str(original)), 88) == fitted
+
+
+def test_a_file_above_the_black_check_limit_is_fitted_without_black_over_it(monkeypatch):
+    """A generated table of a megabyte is not given to black whole (tens of
+    seconds) to learn whether it is black-formatted: its changed statements
+    are fitted instead."""
+    from accelmigrate import formatting
+
+    source = "x = [1, 2, 3]\n"
+    assert formatting.is_black_formatted(source, {})
+    monkeypatch.setattr(formatting, "BLACK_CHECK_LIMIT", len(source) - 1)
+    assert not formatting.is_black_formatted(source, {})
