@@ -9,6 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 SCRIPTS = FIXTURES / "scripts"
+# Runs a script written for one GPU on the CPU, as it would compute with CUDA
+# (placements no-ops, "cuda" devices the CPU): the reference a migrated copy
+# of such a script is compared with.
+ON_EMULATED_CUDA = SCRIPTS / "on_emulated_cuda.py"
 
 # The result cache lives outside the folders that tests list and compare.
 os.environ.setdefault("ACCELMIGRATE_CACHE_DIR", tempfile.mkdtemp(prefix="accelmigrate-cache-"))

@@ -21,7 +21,7 @@ import pytest
 from accelmigrate.codemods.device import Device
 from accelmigrate.engine import migrate_source
 
-from conftest import FIXTURES, SCRIPTS, run_cli, run_python
+from conftest import FIXTURES, ON_EMULATED_CUDA, SCRIPTS, run_cli, run_python
 
 CUDA_ONLY = SCRIPTS / "cuda_only.py"
 PLAN = [("device", {})]
@@ -30,8 +30,6 @@ PLAN = [("device", {})]
 # CPU (placements become no-ops, "cuda" devices the CPU): an independent
 # reference for what the migrated script must compute, which owes nothing to
 # the codemod. One interpreter for both saves an import of torch.
-# Runs a script written for one GPU on the CPU, as it would compute with CUDA.
-ON_EMULATED_CUDA = SCRIPTS / "on_emulated_cuda.py"
 
 
 def migrate(source: str, path: str = "train.py") -> str:

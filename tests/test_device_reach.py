@@ -12,8 +12,7 @@ import torch
 from accelmigrate.engine import migrate_source
 from accelmigrate.runtime.device import device_ids_for
 
-from conftest import FIXTURES, run_cli, run_python
-from test_device import ON_EMULATED_CUDA
+from conftest import FIXTURES, ON_EMULATED_CUDA, run_cli, run_python
 
 DEVICE = FIXTURES / "device"
 

@@ -22,14 +22,13 @@ from accelmigrate import engine
 from accelmigrate.codemods import parse_words, resolve
 from accelmigrate.engine import TRAINING_ELSEWHERE, plan_of, process_files
 from accelmigrate.project import ProjectFiles
-from conftest import FIXTURES, SCRIPTS, run_python
+from conftest import FIXTURES, ON_EMULATED_CUDA, run_python
 from test_cli import invoke
 
 PROJECTS = FIXTURES / "projects"
 EXPECTED = PROJECTS / "expected"
 STEP_WORDS = ("checklist", "ddp", "accelerate", "fabric", "fsdp")
 # Runs a script written for one GPU on the CPU, as it would compute with CUDA.
-ON_EMULATED_CUDA = SCRIPTS / "on_emulated_cuda.py"
 
 
 def copy_of(name: str, tmp_path: Path) -> Path:
