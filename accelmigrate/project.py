@@ -27,7 +27,8 @@ from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import excluded
 from accelmigrate.training_loops import (
-    evaluating_functions, file_writers, handed_loops as handed_loops_in, loader_source, loop_functions, returned_loader,
+    evaluating_functions, file_writers, handed_loader_classes, handed_loops as handed_loops_in, loader_classes,
+    loader_source, loop_functions, returned_loader,
 )
 
 # Folders above the script searched for an imported module's file: a script
@@ -125,8 +126,10 @@ def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> 
     of the modules it imports that it hands its trained model and a loader
     (`training_loops`), its own functions a file of the run hands them to
     (`received_loops`), the functions of the project whose DataLoader it
-    hands such a loop (`sharded_loaders`), and its own functions that build
-    that DataLoader (`built_loaders`)."""
+    hands such a loop (`sharded_loaders`), its own functions that build
+    that DataLoader (`built_loaders`), and the classes that train on a
+    DataLoader it builds and hands them (`loader_classes`, and
+    `received_loader_classes` for the class's module)."""
     found: dict[str, dict[str, set]] = collections.defaultdict(lambda: collections.defaultdict(set))
     run = {_key(path) for path in files}  # a module left out of the run is no partner: it stays as it is
     for path in files:
@@ -147,6 +150,13 @@ def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> 
             if provider is not None and returned_loader(provider, function, source[1]):
                 found[_key(path)]["sharded_loaders"].add(source)
                 found[_key(str(modules[module]))]["built_loaders"].add((function, source[1]))
+        classes = {
+            f"{module}.{klass[0]}": (*klass, file)
+            for module, file in modules.items() for klass in _names_once(file, read, loader_classes)
+        }
+        for own, fact in handed_loader_classes(tree, {name: entry[:4] for name, entry in classes.items()}) if classes else ():
+            found[_key(path)]["loader_classes"].add(fact)
+            found[_key(str(classes[fact.name][4]))]["received_loader_classes"].add(dataclasses.replace(fact, name=own))
     return {key: {name: frozenset(values) for name, values in facts.items()} for key, facts in found.items()}
 
 

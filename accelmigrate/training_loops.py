@@ -16,9 +16,10 @@ model arrives wrapped and whose loader arrives sharded).
 from __future__ import annotations
 
 import ast
+import collections
 from typing import Iterator, Optional
 
-from accelmigrate.codemods.script.project_facts import LoopFunction
+from accelmigrate.codemods.script.project_facts import LoaderClass, LoopFunction
 
 # Calls that write a file, by their last name (`torch.save`, `np.savez`, `plt.savefig`).
 SAVES = frozenset({"save", "savez", "savez_compressed", "savetxt", "savefig"})
@@ -81,6 +82,83 @@ def _handed_on(function: ast.FunctionDef, loops: dict) -> Optional[tuple[str, li
             if all(name in parameters and name not in stored for name in names):
                 return function.name, parameters, {names[0]: parameters.index(names[0])}, names[1]
     return None
+
+
+def loader_classes(tree: ast.Module) -> Iterator[tuple[str, list[str], str, str]]:
+    """(class, its constructor's parameters after `self`, the loader
+    parameter, the attribute that keeps it) for each module-level class
+    whose method loops over `self.<attribute>` (directly, or through
+    `enumerate`/`tqdm`) calling `backward()`, the attribute bound once, in
+    `__init__`, to a parameter."""
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        parameters = _parameters(init)[1:] if init is not None else []
+        kept = _attributes_bound(node)
+        for loop in ast.walk(node):
+            if not (isinstance(loop, ast.For) and _calls_backward(loop)):
+                continue
+            attribute = _iterated_attribute(loop.iter)
+            parameter = kept.get(attribute)
+            if parameter in parameters:
+                yield node.name, parameters, parameter, attribute
+                break
+
+
+def _attributes_bound(klass: ast.ClassDef) -> dict[str, str]:
+    """`self.<attribute>` -> the `__init__` parameter it is bound to, for the
+    attributes the class binds once, there, to a parameter."""
+    stores = collections.Counter(
+        node.attr for node in ast.walk(klass)
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and getattr(node.value, "id", "") == "self"
+    )
+    init = next((f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    return {
+        node.targets[0].attr: node.value.id for node in (init.body if init is not None else ())
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+        and getattr(node.targets[0].value, "id", "") == "self" and isinstance(node.value, ast.Name)
+        and stores[node.targets[0].attr] == 1
+    }
+
+
+def _iterated_attribute(iterable: ast.expr) -> Optional[str]:
+    while isinstance(iterable, ast.Call) and getattr(iterable.func, "id", getattr(iterable.func, "attr", "")) in PASS_THROUGH and iterable.args:
+        iterable = iterable.args[0]
+    if isinstance(iterable, ast.Attribute) and getattr(iterable.value, "id", "") == "self":
+        return iterable.attr
+    return None
+
+
+def handed_loader_classes(tree: ast.Module, classes: dict[str, tuple]) -> Iterator[tuple[str, LoaderClass]]:
+    """(the class's own name, the fact as this file names it) for each call
+    in `tree` of one of `classes` (`module.Class` as this file names it ->
+    `loader_classes`' entry) that hands it a name bound here, once, to a
+    `DataLoader(...)`."""
+    names = _imported_names(tree)
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            continue
+        name = _resolved(call.func, names)
+        if name not in classes:
+            continue
+        own, parameters, loader, attribute = classes[name]
+        fact = LoaderClass(name, loader, parameters.index(loader), attribute)
+        positional = [a for a in call.args]
+        argument = next((k.value for k in call.keywords if k.arg == loader), None) or (
+            positional[fact.loader_index] if fact.loader_index < len(positional) else None
+        )
+        if isinstance(argument, ast.Name) and _bound_to_a_loader(tree, argument.id):
+            yield own, fact
+
+
+def _bound_to_a_loader(tree: ast.Module, name: str) -> bool:
+    values = [
+        n.value for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name
+    ]
+    stores = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)]
+    return len(values) == len(stores) == 1 and _makes_loader(values[0])
 
 
 def evaluating_functions(tree: ast.Module) -> Iterator[str]:

@@ -176,6 +176,11 @@ What it does
       trains nothing (`evaluate(model, val_loader)`) stays whole (AM524).
       Where ddp refuses either file (a loss summed over the batch in the
       loop, say), neither is changed, and the script's finding names the loop.
+      A class of another module that builds its own model and trains it
+      on the DataLoader the script hands its constructor (`Solver(args,
+      train_loader, test_loader)`) is made distributed the same way: the
+      loader sharded in the script, the model wrapped in the class's
+      module, whose epoch loop sets the loader's epoch.
       The helper modules a script imports that hold no training step (a
       `log` function, an early-stopping class that saves the best weights)
       get their output and file writes on rank 0 too, and the script reads
@@ -403,6 +408,12 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
     def _plan(self) -> None:
         self._refuse_if_already_distributed()
         self._refuse_on_name_clash()
+        handed_to_classes = self._loaders_handed_to_classes()
+        if handed_to_classes and not self._uses.backward_calls and not self._handed_calls():
+            self._plan_built_loaders(handed_to_classes)  # for the class of another module that trains on them
+            self._plan_rank_zero_output([])
+            self._plan_init()
+            return
         built = self._built_loader_calls()
         if built and not self._uses.backward_calls and not self._handed_calls():
             self._plan_built_loaders(built)  # for a training loop a script hands them to
@@ -440,7 +451,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         self._plan_learning_rates()
         self._plan_rank_zero_output(models or self._vars_wrapped_by(wrapped_before))
         self._plan_rank_decisions()
-        if not received:  # the script that hands the model in joins the group
+        if not received and not self._received_loader_classes():  # the script that hands them in joins the group
             self._plan_init()
 
     def _refuse_retained_graphs(self, models: list) -> None:

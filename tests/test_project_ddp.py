@@ -101,6 +101,7 @@ def test_a_loader_built_in_a_data_module_is_sharded_there(tmp_path):
     assert "set_loader_epoch(train_loader, epoch)" in (project / "train.py").read_text()
     assert (project / "engine.py").read_text() == (FOLD_TRAINER / "engine.py").read_text()
     assert "0 file(s) changed" in invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project).output
+    assert invoke("check", "--to", "ddp", "--no-cache", "train.py", cwd=project).exit_code == 0  # nothing left, no refusal
     two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
     before = run_python(original / "train.py", cwd=original)
     assert run_python(project / "train.py", cwd=project).stdout == before.stdout  # a world of one
@@ -163,3 +164,29 @@ def test_a_script_ddp_refuses_leaves_its_helper_modules_alone(tmp_path):
     found = {Path(r.path).name: r for r in results}
     assert [f.code for f in found["train.py"].findings if f.word == "ddp"] == ["AM512"], found["train.py"].findings
     assert not found["utils.py"].changed and not found["utils.py"].findings, found["utils.py"]
+
+
+SOLVER = FIXTURES / "projects" / "solver_class"
+
+
+@pytest.mark.slow
+def test_a_loader_handed_to_a_class_that_builds_its_model_is_sharded_where_it_is_built(tmp_path):
+    """train.py builds the loaders and hands them to `Solver(args, train_loader,
+    test_loader)`, whose own methods build the network and train it: the
+    loader is sharded in train.py, the network wrapped in solver.py, whose
+    epoch loop sets the loader's epoch; 2 processes end on the one-process weights."""
+    original = shutil.copytree(SOLVER, tmp_path / "original")
+    project = shutil.copytree(SOLVER, tmp_path / "migrated")
+    done = invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    assert "changed train.py: ddp" in done.output and "changed solver.py: device, ddp" in done.output, done.output
+    for name in ("train.py", "solver.py"):
+        assert (project / name).read_text() == (SOLVER.parent / "expected" / "solver_class" / "ddp" / f"{name[:-3]}.expected.py").read_text()
+    again = invoke("check", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    assert again.exit_code == 0 and "no findings" in again.output, again.output
+    two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
+    before = run_python(original / "train.py", cwd=original)
+    assert before.returncode == 0 and run_python(project / "train.py", cwd=project).stdout == before.stdout
+    two.wait().succeeded()
+    expected, trained = torch.load(original / "solver.pt"), torch.load(project / "solver.pt")
+    assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE
+    assert len(two.stdout.splitlines()) == len(before.stdout.splitlines())  # printed once, by rank 0

@@ -24,7 +24,7 @@ import libcst as cst
 
 from .._base import walk
 from ..script import project_facts, vocabulary as v
-from ..script.project_facts import LoopFunction
+from ..script.project_facts import LoaderClass, LoopFunction
 from ..script.reduction import SUM, UNCLEAR, backward_reduction, loss_reduction
 from .common import CannotMigrate, Var
 from .queries import ScriptQueries
@@ -190,3 +190,31 @@ class HandedLoops(ScriptQueries):
             loader = self._received_parameter(function, fact.loader)
             if loader is not None:
                 yield loader
+        for klass, fact in self._received_loader_classes():
+            yield Var(fact.attribute, klass, is_attribute=True)
+
+    def _received_loader_classes(self) -> list[tuple[cst.ClassDef, LoaderClass]]:
+        """This module's classes that a script hands the DataLoader they train on."""
+        facts = {fact.name: fact for fact in project_facts.current().received_loader_classes} if self.reads_handoffs else {}
+        return [(s, facts[s.name.value]) for s in self._module.body if isinstance(s, cst.ClassDef) and s.name.value in facts]
+
+    def _loader_class_calls(self) -> list[tuple[cst.Call, LoaderClass]]:
+        """The calls that hand a class of another module the DataLoader it trains on."""
+        facts = {fact.name: fact for fact in project_facts.current().loader_classes} if self.reads_handoffs else {}
+        return [
+            (call, facts[name])
+            for call in self._uses.calls if facts and not any(a.star for a in call.args)
+            for name in sorted(self.script.qualified_names(call.func) & facts.keys())[:1]
+        ]
+
+    def _loaders_handed_to_classes(self) -> list[cst.Call]:
+        """The `DataLoader(...)` calls whose loader this file hands a class that trains on it."""
+        found = []
+        for call, fact in self._loader_class_calls():
+            positional = [a.value for a in call.args if a.keyword is None]
+            argument = next((a.value for a in call.args if a.keyword and a.keyword.value == fact.loader), None)
+            argument = argument or (positional[fact.loader_index] if fact.loader_index < len(positional) else None)
+            made = self._made_by_call(argument) if argument is not None else None
+            if made is not None and self.is_call_to(made, v.DATALOADER) and made not in found:
+                found.append(made)
+        return found

@@ -70,12 +70,15 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
                 "rows `global_rank()::world_size()`)",
             )
 
-    def _plan_loader(self, call: cst.Call) -> None:
+    def _loader_sharded_before(self, call: cst.Call) -> bool:
+        """The DataLoader has a DistributedSampler already (a migration run before)."""
         sampler = keyword_arg(call, "sampler")
         if sampler is not None and isinstance(sampler.value, cst.Call) and self.is_call_to(sampler.value, v.DISTRIBUTED_SAMPLER | RUNTIME_SAMPLER):
-            self._plan_set_epoch_for(call)  # migrated before
-            return
-        if any(a.star == "**" and isinstance(a.value, cst.Call) and self.is_call_to(a.value, SHARDED_KWARGS) for a in call.args):
+            return True
+        return any(a.star == "**" and isinstance(a.value, cst.Call) and self.is_call_to(a.value, SHARDED_KWARGS) for a in call.args)
+
+    def _plan_loader(self, call: cst.Call) -> None:
+        if self._loader_sharded_before(call):
             self._plan_set_epoch_for(call)  # migrated before
             return
         loops = self._batch_loops(call)
@@ -129,7 +132,8 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
         and the engine leaves the script unwrapped too)."""
         for call in calls:
             self._training_loaders.append(call)
-            self._plan_training_loader(call)
+            if not self._loader_sharded_before(call):
+                self._plan_training_loader(call)
 
     def _handed_loader_references(self, call: cst.Call) -> list[tuple[cst.Call, cst.CSTNode]]:
         """(the handed call, the loader's reference there) for each call of

@@ -35,6 +35,14 @@ and read by the codemods through `ScriptModel.project`.
   file's imports name them, with the position of their result
   (`data.get_loaders`, 0; -1 for a single result), whose DataLoader this
   file hands such a loop: sharded where it is built.
+- `loader_classes`: the classes of the project's modules, named as this
+  file's imports name them (`solver.Solver`), whose method trains on the
+  DataLoader this file builds and hands their constructor
+  (`Solver(config, train_loader, test_loader)`): ddp shards it here, where
+  it is built.
+- `received_loader_classes`: this module's such classes: ddp takes the
+  attribute that keeps the loader (`self.training_loader`) as sharded, and
+  leaves joining the process group to the script.
 - `rank_zero_library`: a module a script of the run imports that holds no
   training step of its own (a logger, checkpoint and early-stopping
   helpers): ddp makes its output and file writes rank 0's, as the script's.
@@ -79,6 +87,19 @@ class LoopFunction:
         return keywords.get(name, positional[index] if index < len(positional) else None)
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class LoaderClass:
+    """A class that trains on the DataLoader its constructor is given: its
+    name (as the file that reads the fact names it), the constructor's
+    parameter (name and position after `self`) and the attribute that keeps
+    it (`Solver(config, train_loader)` keeping `self.training_loader`)."""
+
+    name: str
+    loader: str
+    loader_index: int
+    attribute: str
+
+
 @dataclasses.dataclass(frozen=True)
 class ProjectFacts:
     gradient_functions: frozenset = frozenset()
@@ -91,6 +112,8 @@ class ProjectFacts:
     sharded_loaders: frozenset = frozenset()  # of (function, position of its result)
     built_loaders: frozenset = frozenset()  # of (function, position of its result), this module's
     rank_zero_library: bool = False
+    loader_classes: frozenset = frozenset()  # of LoaderClass, named as this file's imports name them
+    received_loader_classes: frozenset = frozenset()  # of LoaderClass, this module's
     rank_zero_writers: frozenset = frozenset()
 
     @property
@@ -99,14 +122,15 @@ class ProjectFacts:
         here for a loop there, a loader sharded there for a loop here)."""
         return bool(
             self.training_loops or self.received_loops or self.sharded_loaders or self.built_loaders or self.rank_zero_library
-            or self.rank_zero_writers
+            or self.rank_zero_writers or self.loader_classes or self.received_loader_classes
         )
 
     def unpaired(self) -> "ProjectFacts":
         """These facts without those that pair the file with another."""
         return dataclasses.replace(
             self, training_loops=frozenset(), received_loops=frozenset(), sharded_loaders=frozenset(), built_loaders=frozenset(),
-            rank_zero_library=False, rank_zero_writers=frozenset(),
+            rank_zero_library=False, rank_zero_writers=frozenset(), loader_classes=frozenset(),
+            received_loader_classes=frozenset(),
         )
 
     def key(self) -> str:
@@ -115,7 +139,10 @@ class ProjectFacts:
         names = (
             self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions, self.rank_zero_writers
         )
-        paired = (self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders)
+        paired = (
+            self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders, self.loader_classes,
+            self.received_loader_classes,
+        )
         loops = [",".join(map(repr, sorted(found))) for found in paired]
         return ";".join([*(",".join(sorted(n)) for n in names), imported, *loops])
 
