@@ -19,7 +19,7 @@ import ast
 import collections
 from typing import Iterator, Optional
 
-from accelmigrate.codemods.script.project_facts import LoaderClass, LoopFunction
+from accelmigrate.codemods.script.project_facts import LoaderClass, LoopFunction, argument_of
 
 # Calls that write a file, by their last name (`torch.save`, `np.savez`, `plt.savefig`).
 SAVES = frozenset({"save", "savez", "savez_compressed", "savetxt", "savefig"})
@@ -135,21 +135,24 @@ def handed_loader_classes(tree: ast.Module, classes: dict[str, tuple]) -> Iterat
     in `tree` of one of `classes` (`module.Class` as this file names it ->
     `loader_classes`' entry) that hands it a name bound here, once, to a
     `DataLoader(...)`."""
+    for name, passed in _calls_of(tree, classes):
+        own, parameters, loader, attribute = classes[name]
+        fact = LoaderClass(name, loader, parameters.index(loader), attribute)
+        argument = argument_of(passed, loader, fact.loader_index)
+        if isinstance(argument, ast.Name) and _bound_to_a_loader(tree, argument.id):
+            yield own, fact
+
+
+def _calls_of(tree: ast.Module, known: dict) -> Iterator[tuple[str, list]]:
+    """(the name as `tree` names it, its (keyword or None, value) arguments)
+    for each call in `tree` of one of `known`, without `*`/`**` arguments."""
     names = _imported_names(tree)
     for call in ast.walk(tree):
         if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
             continue
         name = _resolved(call.func, names)
-        if name not in classes:
-            continue
-        own, parameters, loader, attribute = classes[name]
-        fact = LoaderClass(name, loader, parameters.index(loader), attribute)
-        positional = [a for a in call.args]
-        argument = next((k.value for k in call.keywords if k.arg == loader), None) or (
-            positional[fact.loader_index] if fact.loader_index < len(positional) else None
-        )
-        if isinstance(argument, ast.Name) and _bound_to_a_loader(tree, argument.id):
-            yield own, fact
+        if name in known:
+            yield name, [(None, a) for a in call.args] + [(k.arg, k.value) for k in call.keywords]
 
 
 def _bound_to_a_loader(tree: ast.Module, name: str) -> bool:
@@ -233,20 +236,13 @@ def handed_loops(tree: ast.Module, functions: dict[str, tuple]) -> Iterator[tupl
     that passes a model whose parameters this file trains
     (`model.parameters()` read here) and a loader for the loop's loader
     parameter."""
-    names = _imported_names(tree)
     trained = {
         node.func.value.id for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("parameters", "named_parameters") and isinstance(node.func.value, ast.Name)
     }
-    for call in ast.walk(tree):
-        if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-            continue
-        name = _resolved(call.func, names)
-        if name not in functions:
-            continue
+    for name, passed in _calls_of(tree, functions):
         own, parameters, called, loader = functions[name]
-        passed = [(None, a) for a in call.args] + [(k.arg, k.value) for k in call.keywords]
         for model, index in called.items():
             fact = LoopFunction(name, model, index, loader, parameters.index(loader))
             argument, loader_argument = fact.argument(passed, "model"), fact.argument(passed, "loader")

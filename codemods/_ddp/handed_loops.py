@@ -24,7 +24,7 @@ import libcst as cst
 
 from .._base import walk
 from ..script import project_facts, vocabulary as v
-from ..script.project_facts import LoaderClass, LoopFunction
+from ..script.project_facts import LoaderClass, LoopFunction, argument_of
 from ..script.reduction import SUM, UNCLEAR, backward_reduction, loss_reduction
 from .common import CannotMigrate, Var
 from .queries import ScriptQueries
@@ -48,7 +48,7 @@ class HandedLoops(ScriptQueries):
         return self._handed
 
     def _handed_argument(self, call: cst.Call, fact: LoopFunction, which: str) -> Optional[cst.BaseExpression]:
-        return fact.argument([(a.keyword.value if a.keyword else None, a.value) for a in call.args], which)
+        return fact.argument(_passed(call), which)
 
     def _hands_to_a_loop(self, reference: cst.CSTNode, which: str) -> bool:
         """`reference` is the model (or the loader) argument of a handed call."""
@@ -211,10 +211,13 @@ class HandedLoops(ScriptQueries):
         """The `DataLoader(...)` calls whose loader this file hands a class that trains on it."""
         found = []
         for call, fact in self._loader_class_calls():
-            positional = [a.value for a in call.args if a.keyword is None]
-            argument = next((a.value for a in call.args if a.keyword and a.keyword.value == fact.loader), None)
-            argument = argument or (positional[fact.loader_index] if fact.loader_index < len(positional) else None)
+            argument = argument_of(_passed(call), fact.loader, fact.loader_index)
             made = self._made_by_call(argument) if argument is not None else None
             if made is not None and self.is_call_to(made, v.DATALOADER) and made not in found:
                 found.append(made)
         return found
+
+
+def _passed(call: cst.Call) -> list[tuple[Optional[str], cst.BaseExpression]]:
+    """A call's arguments as (keyword or None, value) pairs."""
+    return [(a.keyword.value if a.keyword else None, a.value) for a in call.args]

@@ -82,9 +82,15 @@ class LoopFunction:
         """The argument a call passes for the model or the loader
         (`which`), or None; `call_args` are (keyword or None, value) pairs."""
         name, index = (self.model, self.model_index) if which == "model" else (self.loader, self.loader_index)
-        positional = [value for keyword, value in call_args if keyword is None]
-        keywords = {keyword: value for keyword, value in call_args if keyword is not None}
-        return keywords.get(name, positional[index] if index < len(positional) else None)
+        return argument_of(call_args, name, index)
+
+
+def argument_of(call_args: list, name: str, index: int):
+    """The argument a call passes for the parameter `name` at position
+    `index`, or None; `call_args` are (keyword or None, value) pairs."""
+    positional = [value for keyword, value in call_args if keyword is None]
+    keywords = {keyword: value for keyword, value in call_args if keyword is not None}
+    return keywords.get(name, positional[index] if index < len(positional) else None)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
