@@ -190,3 +190,24 @@ def test_a_loader_handed_to_a_class_that_builds_its_model_is_sharded_where_it_is
     expected, trained = torch.load(original / "solver.pt"), torch.load(project / "solver.pt")
     assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE
     assert len(two.stdout.splitlines()) == len(before.stdout.splitlines())  # printed once, by rank 0
+
+
+EMA_HELPER = FIXTURES / "projects" / "ema_helper"
+
+
+@pytest.mark.slow
+def test_an_ema_helper_of_another_module_gets_the_model_itself(tmp_path):
+    """`ModelEMA(model)` and `ema.update(model)` (ema.py) copy the model's
+    `state_dict()` into a deep copy of it: given the DDP wrapper, its keys
+    would carry `module.` on 2 ranks and the update would fail. Both get
+    `unwrap_model(model)`, and 2 processes end on the one-process average."""
+    original = shutil.copytree(EMA_HELPER, tmp_path / "original")
+    project = shutil.copytree(EMA_HELPER, tmp_path / "migrated")
+    invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    migrated = (project / "train.py").read_text()
+    assert "ModelEMA(unwrap_model(model))" in migrated and "ema.update(unwrap_model(model))" in migrated, migrated
+    two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
+    before = run_python(original / "train.py", cwd=original)
+    assert before.returncode == 0, before.stderr
+    two.wait().succeeded()
+    assert abs(float(two.stdout) - float(before.stdout)) <= ONE_PROCESS_TOLERANCE, two.stdout
