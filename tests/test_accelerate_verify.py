@@ -10,14 +10,11 @@ each rank its half of every batch).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from conftest import SCRIPTS, TEARDOWN_ABORT
+from conftest import SCRIPTS, run_verify
 
-from accelmigrate.verify import verify_command
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +39,6 @@ for epoch in range(2):
         optimizer.step()
     print(f"epoch {epoch} loss {loss.item():.4f}")
 '''
-
-
-def run_verify(*args: str):
-    runner = CliRunner()
-    result = runner.invoke(verify_command, ["--json", *args], catch_exceptions=False)
-    if result.exit_code != 0 and TEARDOWN_ABORT in result.output:  # see conftest.TEARDOWN_ABORT
-        result = runner.invoke(verify_command, ["--json", *args], catch_exceptions=False)
-    output = result.output
-    return result.exit_code, (json.loads(output) if output.lstrip().startswith("{") else output)
 
 
 def test_flat_script_on_two_processes_matches_one(tmp_path: Path):

@@ -6,7 +6,6 @@ broken migration must be named at the step where it parts."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -17,18 +16,9 @@ from accelmigrate import verify as verify_module
 from accelmigrate.sources import SourceText
 from accelmigrate.verify import verify_command
 
-from conftest import SCRIPTS, TEARDOWN_ABORT
+from conftest import SCRIPTS, run_verify
 
 pytestmark = pytest.mark.slow
-
-
-def run_verify(*args: str, env=None):
-    runner = CliRunner()
-    result = runner.invoke(verify_command, ["--json", *args], env=env, catch_exceptions=False)
-    if result.exit_code != 0 and TEARDOWN_ABORT in result.output:  # see conftest.TEARDOWN_ABORT
-        result = runner.invoke(verify_command, ["--json", *args], env=env, catch_exceptions=False)
-    output = result.output
-    return result.exit_code, (json.loads(output) if output.lstrip().startswith("{") else output)
 
 
 def copy_script(tmp_path: Path, name: str) -> Path:
