@@ -42,7 +42,7 @@ INITIALISERS = frozenset(
 INITIALISER_ATTRIBUTES = frozenset({"init_process_group", "init_device_mesh"})
 # Packages (or modules) that set the process group up themselves under torchrun.
 FRAMEWORKS = frozenset(
-    {"lightning", "pytorch_lightning", "accelerate", "deepspeed", "ignite.distributed", "composer", "trl"}
+    {"lightning", "lightning_fabric", "pytorch_lightning", "accelerate", "deepspeed", "ignite.distributed", "composer", "trl"}
 )
 # Names in a package that does more than training, which set the group up.
 FRAMEWORK_NAMES = frozenset(

@@ -404,6 +404,11 @@ def run_rank(script: str, script_args: Sequence[str]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    # A group the script left up (Lightning Fabric's is left to its exit
+    # handler) is left here, the way that avoids gloo's abort at exit.
+    from accelmigrate.runtime.distributed import destroy_distributed
+
+    destroy_distributed()
 
 
 def _write_error_file(error: BaseException) -> None:

@@ -207,6 +207,19 @@ pathlib.Path(sys.argv[1]).joinpath(f"copy-{__import__('os').environ.get('RANK')}
 """
 
 
+@pytest.mark.parametrize("word", ["ddp", "fsdp", "accelerate", "fabric"])
+def test_what_each_distributed_word_writes_is_seen_to_join_a_group(tmp_path, word):
+    """`run` launches every word's output without --force (Fabric's imports
+    `lightning_fabric`, once read as no framework)."""
+    from accelmigrate.engine import migrate_source
+
+    script = tmp_path / "train.py"
+    result = migrate_source((SCRIPTS / "ddp_plain_flat.py").read_text(), [(word, {})], "train.py")
+    assert result.code != (SCRIPTS / "ddp_plain_flat.py").read_text(), word
+    script.write_text(result.code)
+    assert initialises_process_group(script, search_path=[]) is True
+
+
 @pytest.mark.parametrize(
     "source",
     [
@@ -540,6 +553,32 @@ def test_a_successful_launch_runs_every_rank_like_python_would(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank} of 2: sum=2 tag= argv0=failing_rank.py path0_is_script_dir=True" in done.stdout
     assert "failed" not in done.stderr
+
+
+LEFT_UP = """\
+import atexit
+import os
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.barrier()
+atexit.register(lambda: print(f"rank {os.environ['RANK']} at exit: group {'up' if dist.is_initialized() else 'left'}"))
+"""
+
+
+@pytest.mark.slow
+def test_a_group_the_script_leaves_up_is_left_before_the_interpreter_ends(tmp_path):
+    """As Lightning Fabric's scripts do; gloo can abort a process that ends
+    with its group up (conftest.TEARDOWN_ABORT)."""
+    script = tmp_path / "left_up.py"
+    script.write_text(LEFT_UP)
+    done = run_cli("run", "--nproc-per-node", "2", str(script), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if "at exit" in line) == [
+        "rank 0 at exit: group left",
+        "rank 1 at exit: group left",
+    ]
 
 
 @pytest.mark.slow
