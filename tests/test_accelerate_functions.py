@@ -11,7 +11,10 @@
   saves the one-process original's weights within 1e-5, and prints each
   epoch's test line once; so does the examples' `DataLoader(data,
   **train_kwargs)` (train_fn_loader_kwargs.py), watched from outside by
-  fixtures/scripts/ddp_rank_weights.py.
+  fixtures/scripts/ddp_rank_weights.py. A chain of functions
+  (fixtures/accelerate/train_fn_chain.py: main -> fit -> train_one_epoch ->
+  train_step) gets the accelerator (or the Fabric) passed down, and its
+  migrations end on 2 processes with the original's weights.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from accelmigrate.engine import migrate_source
 
 EXAMPLES = FIXTURES / "accelerate" / "train_fn_mnist_examples.py"
 LOADER_KWARGS = FIXTURES / "accelerate" / "train_fn_loader_kwargs.py"
+CHAIN = FIXTURES / "accelerate" / "train_fn_chain.py"  # main -> fit -> train_one_epoch -> train_step
 EPOCHS = 3  # the fixture's default
 
 
@@ -118,7 +122,9 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("source, said", [
     ((FIXTURES / "accelerate" / "train_fn_refused_two_models.py").read_text(), "gets `small` and `large` for its parameter `model`"),
-    (TWO_CALLERS, "`train` is also called from `warm_up`"),
+    (TWO_CALLERS.replace("\n\ndef main():", "\n\nWARM_UPS = [warm_up]\n\n\ndef main():"), "`train` is also called from `warm_up`"),
+    (TWO_CALLERS.replace("    warm_up(model, loader, optimizer)\n    train(", "    warm_up(model, loader, optimizer)\n    warm_up(model, loader, torch.optim.SGD(model.parameters(), lr=0.2))\n    train("),
+     "gets `optimizer` and `torch.optim.SGD(model.parameters(), lr=0.2)` for its parameter `optimizer`"),
     (METHOD, "`Trainer.fit` is a method"),
 ])
 def test_a_function_the_entry_point_does_not_alone_call_with_its_own_objects_is_refused_whole(source, said):
@@ -126,6 +132,12 @@ def test_a_function_the_entry_point_does_not_alone_call_with_its_own_objects_is_
     assert result.code == source
     (refusal,) = [f for f in result.findings if not f.fixed]
     assert refusal.code == "AM820" and said in refusal.message
+
+
+def test_a_function_called_from_another_that_receives_the_accelerator_receives_it_too():
+    code = _migrate(TWO_CALLERS).code
+    assert "def warm_up(model, loader, optimizer, accelerator):\n    train(model, loader, optimizer, accelerator=accelerator)" in code
+    assert code.count("accelerator=accelerator)") == 3  # warm_up's call of train, and main's two calls
 
 
 def test_a_print_before_the_arguments_are_parsed_keeps_the_flag_refused():
@@ -144,6 +156,10 @@ def runs(tmp_path_factory):
     migrated.write_text(_migrate(EXAMPLES.read_text()).code)
     kwargs = work / "kwargs_migrated.py"
     kwargs.write_text(_migrate(LOADER_KWARGS.read_text()).code)
+    chained = {}
+    for word in ("accelerate", "fabric"):
+        chained[word] = work / f"chain_{word}.py"  # not accelerate.py: it would shadow the package
+        chained[word].write_text(migrate_source(CHAIN.read_text(), [(word, {})], "train.py").code)
     weights = ["--save-model", "{folder}/weights.pt"]
     plans = {
         "original": [sys.executable, str(EXAMPLES), *weights],
@@ -151,6 +167,10 @@ def runs(tmp_path_factory):
         "two": on_two(migrated, *weights),
         "kwargs_original": [sys.executable, str(RANK_WEIGHTS), "{folder}", str(LOADER_KWARGS)],
         "kwargs_two": on_two(RANK_WEIGHTS, "{folder}", str(kwargs)),
+        "chain_original": [sys.executable, str(CHAIN), *weights],
+        "chain_plain": [sys.executable, str(chained["accelerate"]), *weights],
+        "chain_accelerate_two": on_two(chained["accelerate"], *weights),
+        "chain_fabric_two": on_two(chained["fabric"], *weights),
     }
     launches, folders = launch_all(work, plans, cpu_env(ACCELERATE_USE_CPU="true"))
     for launch in launches.values():
@@ -192,6 +212,14 @@ def test_a_loader_given_its_settings_as_kwargs_trains_as_the_original_on_two_pro
     two = assert_ranks_agree(launches["kwargs_two"], folders["kwargs_two"])
     assert largest_parameter_difference(original, two) <= ONE_PROCESS_TOLERANCE
     assert launches["kwargs_two"].stdout.count("epoch 2 done") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("migrated", ["chain_plain", "chain_accelerate_two", "chain_fabric_two"])
+def test_a_chain_of_functions_passes_the_accelerator_down_and_trains_as_the_original(runs, migrated):
+    launches, folders = runs
+    assert largest_parameter_difference(_weights(folders["chain_original"]), _weights(folders[migrated])) <= ONE_PROCESS_TOLERANCE
+    assert launches[migrated].stdout.count("mean loss") == EPOCHS  # each epoch's line, once
 
 
 def test_a_flag_parsed_at_module_level_and_a_function_called_twice():

@@ -83,6 +83,16 @@ def test_a_model_of_an_imported_class_trained_by_an_optimizer_is_prepared(word):
         assert "loader = fabric.setup_dataloaders(loader)" in result.code
 
 
+def test_parameters_filtered_into_a_name_before_the_optimizer_still_show_the_model():
+    source = CASES["accelerate"][0].read_text().replace(
+        "    optimizer = torch.optim.Adam(net.parameters(), lr=0.01)",
+        "    params = filter(lambda p: p.requires_grad, net.parameters())\n    optimizer = torch.optim.Adam(params, lr=0.01)",
+    )
+    assert "params = filter(" in source
+    result = _migrate(source, "accelerate")
+    assert _refusals(result) == [] and "accelerator.prepare(net, optimizer, loader)" in result.code
+
+
 @pytest.mark.parametrize("word, code", [("accelerate", "AM820"), ("fabric", "AM920")])
 def test_a_class_of_the_file_that_is_no_module_is_not_taken_for_a_model(word, code):
     source = (FIXTURES / "accelerate" / "refused_plain_object_parameters.py").read_text()

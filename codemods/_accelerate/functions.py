@@ -8,12 +8,14 @@ Accelerator in; so does the codemod, for a function the entry point alone
 calls (`EntryFunctions`):
 
 - a function of the module (not a method, not nested in another), every
-  call of it in the entry point's own code, by its name, with arguments that
-  can be seen (no `*args` / `**kwargs`), its name used for nothing else (not
-  passed on as a callback);
+  call of it in the entry point's own code or in functions that themselves
+  receive the accelerator (`main` -> `fit` -> `train_one_epoch` ->
+  `train_step`), by its name, with arguments that can be seen (no `*args` /
+  `**kwargs`), its name used for nothing else (not passed on as a callback);
 - one that trains gets the same plain name of the entry point at every call
   for each parameter that holds something to prepare (model, optimizer,
-  loader, scheduler): what `accelerator.prepare` rebinds is the entry point's.
+  loader, scheduler), followed through the parameters of the functions
+  between: what `accelerator.prepare` rebinds is the entry point's.
 
 Its code is then planned as the entry point's own (backward, clipping,
 prints, saves, `.cuda()`, the model's attributes), and one whose planned code
@@ -71,8 +73,17 @@ class EntryFunctions:
     def why_not(self, function) -> str:
         """"" for a function that can receive the accelerator, else why not."""
         if function not in self._reasons:
+            self._reasons[function] = f"`{function.name}` calls itself"  # what a recursive call meets meanwhile
             self._reasons[function] = self._why_not(function)
         return self._reasons[function]
+
+    def _receiving_caller(self, site):
+        """The function (not the entry point) whose code makes the call `site`, when it receives the accelerator."""
+        caller = own_scope(site.caller)
+        if caller is self.entry or caller.kind != "function":
+            return None
+        function = self.script.flow.function_of(caller)
+        return function if function is not None and not self.why_not(function) else None
 
     def _why_not(self, function) -> str:
         name = function.name
@@ -85,7 +96,7 @@ class EntryFunctions:
         where = "the module's code" if self.entry.kind == "module" else f"`{self.entry.name}`"
         for site in function.callers:
             caller = own_scope(site.caller)
-            if caller is not self.entry:
+            if caller is not self.entry and self._receiving_caller(site) is None:
                 elsewhere = "module level" if caller.kind == "module" else f"`{caller.name}`"
                 return f"`{name}` is also called from {elsewhere} (line {site.line}), not only from {where}"
             if not isinstance(site.call.func, cst.Name) or not site.complete:
@@ -107,7 +118,7 @@ class EntryFunctions:
     def _different_objects(self, function) -> str:
         """Why a training function's prepared objects are not the entry point's, one name each."""
         for parameter in function.parameters:
-            passed = [site.arguments.get(parameter) for site in function.callers]
+            passed = self._passed_by_the_entry(function, parameter)
             if not any(a is not None and self.script.kind_of(a) in PREPARED_KINDS for a in passed):
                 continue
             names = {a.value if isinstance(a, cst.Name) else None for a in passed}
@@ -118,6 +129,20 @@ class EntryFunctions:
                     f"the same names of {self._where()} at every call"
                 )
         return ""
+
+    def _passed_by_the_entry(self, function, parameter: str, depth: int = 0) -> list:
+        """What the entry point's own code passes for `parameter`, at each call: through a function between that
+        hands on its own parameter of the same plain name, what is passed for that one."""
+        passed = []
+        for site in function.callers:
+            argument = site.arguments.get(parameter)
+            between = self._receiving_caller(site)
+            handed_on = isinstance(argument, cst.Name) and argument.value in between.parameters if between else False
+            if handed_on and depth < FOLLOW_DEPTH and all(b.kind == "param" for b in self.script.bindings_of(argument.value, argument)):
+                passed += self._passed_by_the_entry(between, argument.value, depth + 1)
+            else:
+                passed.append(argument)
+        return passed
 
     def _where(self) -> str:
         return "the module" if self.entry.kind == "module" else f"`{self.entry.name}`"
@@ -134,7 +159,7 @@ class EntryFunctions:
         function = self.function_of(node)
         if function is None:
             return None
-        tops = [top_statement(site.call) for site in function.callers]
+        tops = [top_statement(site.call) or self.first_call_statement(site.call, top_statement) for site in function.callers]
         body = self.planner.body
         return min((t for t in tops if t is not None), key=body.index, default=None)
 
@@ -146,10 +171,12 @@ class EntryFunctions:
             return  # the accelerator is a global of the module
         touched = [*plan.edits, *plan.guarded, *plan.before, *plan.after, *plan.removed, *plan.unwrapped]
         receiving = {}
-        for node in touched:
-            function = self.function_of(node)
-            if function is not None:
+        pending = [f for f in map(self.function_of, touched) if f is not None]
+        while pending:  # each function that uses it, and every function between that hands it on
+            function = pending.pop()
+            if function not in receiving:
                 receiving[function] = None
+                pending += [f for f in map(self._receiving_caller, function.callers) if f is not None]
         order = self.script.index.order
         for function in sorted(receiving, key=lambda f: order[f.node]):
             plan.edit(function.node.params, _with_accelerator_parameter)

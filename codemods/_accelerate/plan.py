@@ -447,7 +447,7 @@ class Planner:
                 names[optimizer_step.entity.name] = None
         self.training_loaders = []
         for step in steps:
-            for loop in step.loops:
+            for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 # Once each: one loader may feed several steps (a GAN's two optimizers).
                 if loop.loader is not None and loop.loader not in self.training_loaders:
                     names[loop.loader.name] = None
@@ -471,7 +471,7 @@ class Planner:
         for loader in self.training_loaders:
             self._check_loader(loader)
         for step in steps:
-            for loop in step.loops:
+            for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 if loop.loader is not None:
                     self._refuse_wrapper_before_prepare(loop, last_binding)
         listed = ", ".join(names)

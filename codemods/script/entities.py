@@ -173,13 +173,23 @@ class Entities:
                     continue
                 first = next((a for a in call.args if a.keyword is None and not a.star), None)
                 given = first or next((a for a in call.args if a.keyword is not None and a.keyword.value == "params"), None)
-                for node in walk(given.value) if given is not None else ():
+                for node in (n for value in self._through_a_name(given, scope) for n in walk(value)):
                     if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "parameters" and not node.args):
                         continue
                     if isinstance(node.func.value, cst.Name):
                         group = tuple(self.index.bindings_of(node.func.value.value, scope))
                         owners.update((b, group) for b in group if b.kind == "assign")
         return owners
+
+    def _through_a_name(self, given: Optional[cst.Arg], scope: Scope) -> list:
+        """The optimizer's parameters as written, and where they are a name (`params = filter(lambda p:
+        p.requires_grad, model.parameters())`, then `Adam(params)`), what that name is bound to."""
+        if given is None:
+            return []
+        if not isinstance(given.value, cst.Name):
+            return [given.value]
+        bound = [b.value for b in self.index.bindings_of(given.value.value, scope) if b.kind == "assign" and b.value is not None]
+        return [given.value, *bound]
 
     def _known_elsewhere(self, binding: Binding) -> bool:
         """An earlier binding of the same name is a model by what the file shows (`model = Net()`,
