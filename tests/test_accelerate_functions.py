@@ -140,6 +140,16 @@ def test_a_function_called_from_another_that_receives_the_accelerator_receives_i
     assert code.count("accelerator=accelerator)") == 3  # warm_up's call of train, and main's two calls
 
 
+def test_a_cuda_flag_given_as_a_number_keeps_the_cpu_too():
+    source = EXAMPLES.read_text().replace(
+        'parser.add_argument("--no-cuda", action="store_true", default=False, help="train on the CPU")',
+        'parser.add_argument("--cuda", type=int, default=1, help="0 trains on the CPU")',
+    ).replace("use_cuda = not args.no_cuda and", "use_cuda = args.cuda and")
+    assert "--cuda" in source and "args.cuda and" in source
+    result = _migrate(source)
+    assert _refusals(result) == [] and "Accelerator(cpu=not args.cuda or not torch.cuda.is_available()," in result.code
+
+
 def test_a_print_before_the_arguments_are_parsed_keeps_the_flag_refused():
     source = EXAMPLES.read_text().replace("    parser = argparse.ArgumentParser(", "    print('starting')\n    parser = argparse.ArgumentParser(")
     result = _migrate(source)

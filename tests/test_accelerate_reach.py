@@ -60,6 +60,22 @@ def test_the_device_flag_keeps_the_cpu_and_the_device_is_the_accelerators():
     assert code.index("args = parser.parse_args()") < code.index("accelerator = Accelerator(")
 
 
+def test_a_device_flag_typed_as_a_string_is_read_the_same():
+    source = DEVICE_FLAG.read_text().replace('parser.add_argument("--device", default=', 'parser.add_argument("--device", type=str, default=')
+    assert "type=str" in source
+    result = _migrate(source)
+    assert _refusals(result) == [] and 'Accelerator(cpu=args.device == "cpu" or' in result.code
+
+
+def test_a_device_flag_parsed_in_the_main_block_is_refused_not_a_failure():
+    source = DEVICE_FLAG.read_text()
+    parsing = source[source.index("    parser = argparse.ArgumentParser("):source.index("    args = parser.parse_args()\n") + len("    args = parser.parse_args()\n")]
+    source = source.replace(parsing, "").replace("def main():", "def main(args):").replace("    main()", parsing + "    main(args)")
+    assert "    args = parser.parse_args()\n    main(args)" in source
+    result = _migrate(source)
+    assert _refusals(result) == ["AM827"] and result.code == source
+
+
 def test_the_gpu_index_flag_gives_way_to_each_processs_device():
     result = _migrate(GPU_INDEX_FLAG.read_text())
     code = result.code

@@ -270,11 +270,13 @@ def cpu_flag(planner, flag: cst.Call) -> CpuFlag | None:
     spelled = _spelled(flag)
     action = keyword_arg(flag, "action")
     if spelled in DEVICE_NAME_FLAGS:
-        if action is not None or keyword_arg(flag, "type") is not None:
+        if action is not None or not _typed(flag, (None, "str")):
             return None  # a string is what `== "cpu"` can read
         asks = DEVICE_NAME_FLAGS[spelled]
     elif spelled in CPU_FLAGS and action is not None and isinstance(action.value, cst.SimpleString) and action.value.evaluated_value == "store_true":
         asks = CPU_FLAGS[spelled]
+    elif spelled in CPU_FLAGS and action is None and _typed(flag, ("int",)):
+        asks = CPU_FLAGS[spelled]  # `--cuda 1` / `--cuda 0`: read as a truth value, as a store_true flag's
     else:
         return None
     parsed = parsed_flag(planner, flag)
@@ -286,6 +288,14 @@ def cpu_flag(planner, flag: cst.Call) -> CpuFlag | None:
 def gpu_index_flag(planner, flag: cst.Call) -> ParsedFlag | None:
     """`--gpu` (an index), with where the script reads it."""
     return parsed_flag(planner, flag) if _spelled(flag) in GPU_INDEX_FLAGS else None
+
+
+def _typed(flag: cst.Call, types: tuple) -> bool:
+    """The flag's `type=` is one of `types` (builtin names; None: no `type=`)."""
+    given = keyword_arg(flag, "type")
+    if given is None:
+        return None in types
+    return isinstance(given.value, cst.Name) and given.value.value in types
 
 
 def _spelled(flag: cst.Call) -> str | None:
@@ -319,8 +329,8 @@ def parsed_flag(planner, flag: cst.Call) -> ParsedFlag | None:
             return ParsedFlag(name, attribute, line, reads)
         guard = script.entry.main_guard
         body = list(script.module.body)
-        before_main = guard is not None and body.index(line) < body.index(guard)
-        if scope.kind == "module" and planner.entry.kind == "function" and script.parent(line) is script.module and before_main:
+        at_module_level = scope.kind == "module" and script.parent(line) is script.module  # not in the guard's block
+        if at_module_level and planner.entry.kind == "function" and guard is not None and body.index(line) < body.index(guard):
             return ParsedFlag(name, attribute, None, reads)
     return None
 
