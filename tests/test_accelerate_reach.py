@@ -4,8 +4,9 @@
 - fast: `--device cpu` still keeps the run on the CPU (the Accelerator reads
   the flag) and `device = args.device` becomes `accelerator.device`, whose
   comparisons with "cpu" read its type; `torch.cuda.set_device(args.gpu)`
-  goes and `.cuda(args.gpu)` becomes `.to(accelerator.device)`; a flag read
-  anywhere else is refused; a device the `__main__` block chooses for the
+  goes and `.cuda(args.gpu)` becomes `.to(accelerator.device)`; so for a
+  flag parsed in the `__main__` block before `main(args)` runs (not one
+  parsed again after it); a flag read anywhere else is refused; a device the `__main__` block chooses for the
   function that makes the Accelerator is refused with the manual step
   (a `main()`) that migrates;
 - end to end (slow): each migrated fixture run with plain `python` and on 2
@@ -67,11 +68,21 @@ def test_a_device_flag_typed_as_a_string_is_read_the_same():
     assert _refusals(result) == [] and 'Accelerator(cpu=args.device == "cpu" or' in result.code
 
 
-def test_a_device_flag_parsed_in_the_main_block_is_refused_not_a_failure():
-    source = DEVICE_FLAG.read_text()
+def _parsed_in_the_main_block(source: str) -> str:
+    """The device flag's fixture with its arguments parsed in the `__main__` block, then `main(args)`."""
     parsing = source[source.index("    parser = argparse.ArgumentParser("):source.index("    args = parser.parse_args()\n") + len("    args = parser.parse_args()\n")]
     source = source.replace(parsing, "").replace("def main():", "def main(args):").replace("    main()", parsing + "    main(args)")
     assert "    args = parser.parse_args()\n    main(args)" in source
+    return source
+
+
+def test_a_device_flag_parsed_in_the_main_block_before_main_runs_is_read_the_same():
+    result = _migrate(_parsed_in_the_main_block(DEVICE_FLAG.read_text()))
+    assert _refusals(result) == [] and 'Accelerator(cpu=args.device == "cpu" or' in result.code
+
+
+def test_a_device_flag_parsed_in_the_main_block_after_main_runs_is_refused():
+    source = _parsed_in_the_main_block(DEVICE_FLAG.read_text()).replace("    main(args)", "    main(args)\n    args = parser.parse_args()\n    main(args)")
     result = _migrate(source)
     assert _refusals(result) == ["AM827"] and result.code == source
 
@@ -131,13 +142,15 @@ def _cpu_original_of_gpu_index_flag() -> str:
 def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("accelerate_reach")
     scripts = {}
-    for name, original in [("device_flag", DEVICE_FLAG.read_text()), ("gpu_index", GPU_INDEX_FLAG.read_text())]:
+    in_block = work / "device_flag_in_block_original.py"
+    in_block.write_text(_parsed_in_the_main_block(DEVICE_FLAG.read_text()))
+    for name, original in [("device_flag", DEVICE_FLAG), ("gpu_index", GPU_INDEX_FLAG), ("device_flag_in_block", in_block)]:
         migrated = work / f"{name}_migrated.py"
-        migrated.write_text(_migrate(original).code)
+        migrated.write_text(_migrate(original.read_text()).code)
         scripts[name] = migrated
     cpu_original = work / "gpu_index_original.py"
     cpu_original.write_text(_cpu_original_of_gpu_index_flag())
-    originals = {"device_flag": (DEVICE_FLAG, ["--device", "cpu"]), "gpu_index": (cpu_original, [])}
+    originals = {"device_flag": (DEVICE_FLAG, ["--device", "cpu"]), "gpu_index": (cpu_original, []), "device_flag_in_block": (in_block, ["--device", "cpu"])}
     plans = {}
     for name, (original, args) in originals.items():
         plans[f"{name}_original"] = [sys.executable, str(RANK_WEIGHTS), "{folder}", str(original), *args]
@@ -150,7 +163,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, epochs", [("device_flag", 3), ("gpu_index", 2)])
+@pytest.mark.parametrize("name, epochs", [("device_flag", 3), ("gpu_index", 2), ("device_flag_in_block", 3)])
 def test_migrated_reach_fixtures_end_with_the_originals_weights(runs, name, epochs):
     launches, folders = runs
     (original,) = rank_weights(folders[f"{name}_original"])

@@ -327,12 +327,28 @@ def parsed_flag(planner, flag: cst.Call) -> ParsedFlag | None:
         reads = _reads_of(planner, name, attribute, assign.targets[0].target)
         if scope is planner.entry and line in planner.body:
             return ParsedFlag(name, attribute, line, reads)
-        guard = script.entry.main_guard
-        body = list(script.module.body)
-        at_module_level = scope.kind == "module" and script.parent(line) is script.module  # not in the guard's block
-        if at_module_level and planner.entry.kind == "function" and guard is not None and body.index(line) < body.index(guard):
+        if scope.kind == "module" and planner.entry.kind == "function" and _parsed_before_the_entry_runs(planner, line):
             return ParsedFlag(name, attribute, None, reads)
     return None
+
+
+def _parsed_before_the_entry_runs(planner, line: cst.SimpleStatementLine) -> bool:
+    """`line` is a module-level statement before the `__main__` block, or one of that block's own statements
+    before every call of the entry function in it (`args = parser.parse_args()`, then `main(args)`)."""
+    script = planner.script
+    guard = script.entry.main_guard
+    if guard is None:
+        return False
+    body = list(script.module.body)
+    if script.parent(line) is script.module:
+        return body.index(line) < body.index(guard)
+    block = list(guard.body.body) if isinstance(guard.body, cst.IndentedBlock) else []
+    if line not in block:
+        return False
+    function = script.flow.function_of(planner.entry)
+    calls = [planner.codemod.ancestors(site.call) for site in function.callers] if function is not None else []
+    tops = [next((a for a in ancestors if a in block), None) for ancestors in calls]
+    return bool(tops) and all(top is not None and block.index(top) > block.index(line) for top in tops)
 
 
 def _reads_of(planner, name: str, attribute: str, target: cst.Name) -> list:
