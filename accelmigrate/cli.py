@@ -113,7 +113,8 @@ def _files(paths: Sequence[str], exclude: Sequence[str], config: Config, reporte
     problems: list[tuple[str, str]] = []  # (folder, message)
     for path in paths:
         before = len(problems)
-        found = [str(p) for p in iter_python_files([path], [*config.exclude, *exclude], on_error=lambda *e: problems.append(e))]
+        walked = iter_python_files([path], [*config.exclude, *exclude], on_error=lambda *e: problems.append(e), on_skip=reporter.note)
+        found = [str(p) for p in walked]
         if not found and len(problems) == before and os.path.isdir(path):
             problems.append((path, f"no Python files found in {path}"))
         files += found

@@ -91,20 +91,26 @@ SOURCE_SUFFIXES = (".py", ".ipynb")
 
 
 def iter_python_files(
-    paths: Iterable[str], exclude: Sequence[str] = (), on_error: Optional[Callable[[str, str], None]] = None
+    paths: Iterable[str],
+    exclude: Sequence[str] = (),
+    on_error: Optional[Callable[[str, str], None]] = None,
+    on_skip: Optional[Callable[[str], None]] = None,
 ) -> Iterator[Path]:
     """The files named, and every `*.py` and `*.ipynb` below the folders named (sorted),
     skipping version-control, virtual-environment, build and cache folders.
     A path that does not exist is yielded as is: reading it reports the error.
     A folder that cannot be listed is given to `on_error(folder, message)`,
     the message one line (`PATH: cannot list folder: REASON`), and the walk
-    goes on; without `on_error`, it is an InputError."""
+    goes on; without `on_error`, it is an InputError. A link found in a folder
+    that leads outside it is not followed (as black does): rewriting it would
+    change a file of another project; `on_skip(message)` is told."""
     for raw in paths:
         path = Path(raw)
         if not os.path.isdir(path):  # Path.is_dir raises where a parent cannot be entered
             if not excluded(path, exclude):
                 yield path
             continue
+        root = path.resolve()
         for folder, subfolders, files in os.walk(path, onerror=lambda error: _unlisted(error, on_error)):
             here = Path(folder)
             subfolders[:] = sorted(
@@ -114,8 +120,13 @@ def iter_python_files(
             )
             for name in sorted(files):
                 file = here / name
-                if name.endswith(SOURCE_SUFFIXES) and not excluded(file, exclude):
-                    yield file
+                if not name.endswith(SOURCE_SUFFIXES) or excluded(file, exclude):
+                    continue
+                if os.path.islink(file) and not file.resolve().is_relative_to(root):
+                    if on_skip is not None:
+                        on_skip(f"{file}: a link to {file.resolve()}, outside {path}; skipped")
+                    continue
+                yield file
 
 
 def read_source(path: Path) -> SourceText:

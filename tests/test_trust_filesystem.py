@@ -194,3 +194,24 @@ def test_github_annotations_show_no_escape_sequence(oddly_named: Path):
 def test_json_keeps_the_real_names(oddly_named: Path):
     result = invoke("check", "--no-cache", "--to", "empty-cache", "--format", "json", ".")
     assert sorted(entry["path"] for entry in json.loads(result.stdout)) == sorted([*ODD_NAMES, "red\x1b[31m.py"])
+
+
+# --- links that lead out of the folder walked ---------------------------------------------------
+
+
+def test_a_link_to_a_file_outside_the_folder_walked_is_skipped_with_a_message(tmp_path, monkeypatch):
+    outside = tmp_path / "elsewhere.py"
+    outside.write_text(LOOP_WITH_EMPTY_CACHE)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(LOOP_WITH_EMPTY_CACHE)
+    (project / "linked.py").symlink_to(outside)
+    (project / "same.py").symlink_to(project / "train.py")  # a link within the folder is still followed
+    monkeypatch.chdir(tmp_path)
+    result = invoke("apply", "project", "--to", "empty-cache")
+    assert result.exit_code == 0, result.output
+    assert outside.read_text() == LOOP_WITH_EMPTY_CACHE
+    assert "project/linked.py: a link to" in result.output and "outside project; skipped" in result.output
+    assert (project / "train.py").read_text() == MIGRATED
+    named = invoke("apply", "project/linked.py", "--to", "empty-cache")  # named on the command line: followed
+    assert named.exit_code == 0 and outside.read_text() == MIGRATED
