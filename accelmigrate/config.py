@@ -134,6 +134,8 @@ def load_config(start: Path) -> Config:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"{pyproject}: cannot read the configuration: {error}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables by recursion
+        raise ConfigError(f"{pyproject}: cannot read the configuration: nested too deeply") from None
     check = _Checker(pyproject)
     tool = check.table(data.get("tool", {}), "'tool'")
     section = check.table(tool.get("accelmigrate", {}), "[tool] 'accelmigrate'")

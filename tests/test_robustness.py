@@ -172,6 +172,7 @@ def test_fifos_and_devices_are_not_regular_files_and_never_hang(project: Path, c
         ("[tool]\nblack = 3\n", "[tool] 'black' must be a table, not an integer"),
         ("[tool.black]\nline-length = \"wide\"\n", "[tool.black] 'line-length' must be an integer, not a string"),
         ("[tool.accelmigrate]\nto = 3\n", "[tool.accelmigrate] 'to' must be a string or an array of strings, not an integer"),
+        ("[tool.accelmigrate]\nto = " + "[" * 1000 + "]" * 1000 + "\n", "pyproject.toml: cannot read the configuration: nested too deeply"),
     ],
 )
 def test_wrongly_typed_configuration_is_a_usage_error_naming_the_key(project: Path, toml: str, message: str):

@@ -212,6 +212,11 @@ def test_nearest_pyproject_chooses_the_words(client, tmp_path):
     (mistake,) = client.diagnostics(uri)
     assert mistake["severity"] == 1 and "pyproject.toml" in mistake["message"] and "too" in mistake["message"]
 
+    (tmp_path / "pyproject.toml").write_text("[tool.accelmigrate]\nto = " + "[" * 1000 + "]" * 1000 + "\n", encoding="utf-8")
+    client.notify("textDocument/didSave", {"textDocument": {"uri": uri}})
+    (mistake,) = client.diagnostics(uri)  # one diagnostic, not an internal error
+    assert mistake["severity"] == 1 and "pyproject.toml: cannot read the configuration: nested too deeply" in mistake["message"]
+
 
 def test_notebook_findings_point_into_its_json(client, tmp_path):
     cells = [
