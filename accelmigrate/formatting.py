@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import difflib
 import io
+import re
 import textwrap
 import tokenize
 from typing import Mapping, Optional
@@ -157,10 +158,14 @@ def _lines_inside_strings(tree: ast.Module) -> set[int]:
     return inside
 
 
+# Where Python's tokenizer ends a line: "\r\n", "\n", and a lone "\r" too (not form feeds or the
+# other breaks str.splitlines knows).
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
 def _lines_with_ends(text: str) -> list[str]:
-    """Lines as Python numbers them (broken at "\n" only), each with its end."""
-    parts = text.split("\n")
-    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    """Lines as Python numbers them, each with its end."""
+    return _LINE.findall(text)
 
 
 def _width(line: str) -> int:

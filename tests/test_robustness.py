@@ -146,7 +146,12 @@ def test_fifos_and_devices_are_not_regular_files_and_never_hang(project: Path, c
     _special_files(project)
     completed = run_cli_within(60, *command, ".", cwd=project)
     assert completed.returncode == 2
-    assert sorted(error_lines(completed.stderr)) == [
+    # The links lead out of the folder: not followed (and said so); named, each is read and refused.
+    assert error_lines(completed.stderr) == ["error: fifo.py: not a regular file (a FIFO); skipped"]
+    assert "null.py: a link to /dev/null, outside .; skipped" in completed.stderr
+    named = run_cli_within(60, *command, "fifo.py", "null.py", "zero.py", cwd=project)
+    assert named.returncode == 2
+    assert sorted(error_lines(named.stderr)) == [
         "error: fifo.py: not a regular file (a FIFO); skipped",
         "error: null.py: not a regular file (a character device); skipped",
         "error: zero.py: not a regular file (a character device); skipped",
@@ -542,3 +547,28 @@ def test_a_diff_breaks_lines_where_python_does_not_at_form_feeds(project: Path):
     lines = result.stdout.split("\n")[:-1]
     assert all(line[:1] in " -+@" for line in lines[2:]), lines
     assert "@@ -3,4 +3,3 @@" in result.stdout and "     x = torch.ones(2)  # \f page" in lines
+
+
+# -- lone carriage returns, which Python reads as line ends -------------------------------
+
+LONE_CRS = {
+    "in a comment": "# a\rb = 1\nimport torch\nfor step in range(2):\n    torch.cuda.empty_cache()\nprint(b)\n",
+    "in a CRLF file": "x = 1\ry = 2\r\nimport torch\r\nfor step in range(2):\r\n    torch.cuda.empty_cache()\r\nprint(x, y)\r\n",
+    "after a backslash in a string": 'import torch\ns = "a\\\rb"\nfor step in range(2):\n    torch.cuda.empty_cache()\nprint(s)\n',
+}
+
+
+@pytest.mark.parametrize("case", list(LONE_CRS))
+def test_lone_carriage_returns_are_line_ends_as_python_reads_them(tmp_path, case):
+    original = tmp_path / "original.py"
+    original.write_bytes(LONE_CRS[case].encode())
+    expected = subprocess.run([sys.executable, str(original)], capture_output=True, text=True, check=True).stdout
+    for words in ("empty-cache", "device,amp"):
+        script = tmp_path / f"train_{words.replace(',', '_')}.py"
+        script.write_bytes(LONE_CRS[case].encode())
+        result = invoke("apply", script.name, "--to", words, cwd=tmp_path)
+        assert result.exit_code == 0, result.output
+        assert "internal error" not in result.output
+        ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert ran.returncode == 0 and ran.stdout == expected, ran.stderr
+    assert "torch.cuda.empty_cache()" not in (tmp_path / "train_empty-cache.py").read_text()
