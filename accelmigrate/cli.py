@@ -269,13 +269,15 @@ def _from_stdin(name: str, plan, config: Config, *, check_only: bool) -> FileRes
     """The text on stdin, processed as a file named `name` (never read or written)."""
     data = sys.stdin.buffer.read()
     try:
-        text = decode_source(Path(name), data).text
+        source = decode_source(Path(name), data)
     except InputError as error:
         return FileResult(name, error=str(error))
     silenced = config.codes().silenced(name, known_codes())
-    return process_text(
-        name, text, plan, check_only=check_only, black_config=config.black, line_length=config.line_length, silenced=silenced
+    result = process_text(
+        name, source.text, plan, check_only=check_only, black_config=config.black, line_length=config.line_length, silenced=silenced
     )
+    result.encoding = source.encoding  # what the migrated text is written back in (its coding line's, a BOM kept)
+    return result
 
 
 def _stdin_paths(paths: Sequence[str], stdin_filename: Optional[str]) -> Optional[str]:
@@ -356,7 +358,7 @@ def _apply_stdin(name: str, plan, config: Config, reporter: Reporter, *, dry_run
             if result.changed:
                 reporter.diff(result)
         else:
-            reporter.write(result.migrated)
+            reporter.write_bytes(result.migrated.encode(result.encoding))
     from accelmigrate.report import finding_line
 
     for finding in left:

@@ -189,6 +189,13 @@ class Reporter:
     def write(self, text: str) -> None:
         self.out.file.write(text)
 
+    def write_bytes(self, data: bytes) -> None:
+        """DATA on stdout as it is (a file's text in its own encoding)."""
+        stream = self.out.file
+        stream.flush()
+        stream.buffer.write(data)
+        stream.buffer.flush()
+
     def json(self, value) -> None:
         self.write(json.dumps(value, indent=2) + "\n")
 

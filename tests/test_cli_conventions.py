@@ -42,6 +42,22 @@ def test_apply_dash_prints_the_migrated_text(project: Path):
     assert (project / "train.py").read_text() == LOOP  # nothing written
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        b"# -*- coding: latin-1 -*-\n" + LOOP.replace("x = torch.ones(2)", 'x = "caf\xe9"').encode("latin-1"),
+        b"\xef\xbb\xbf" + LOOP.encode(),  # a UTF-8 BOM
+    ],
+)
+def test_apply_dash_prints_the_migrated_text_in_the_encoding_it_was_given_in(project: Path, given: bytes):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "accelmigrate", "apply", "-"], cwd=project, input=given, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == given.replace(b"    torch.cuda.empty_cache()\n", b"")
+
+
 def test_apply_dash_prints_nothing_on_a_syntax_error(project: Path):
     done = run_cli("apply", "-", cwd=project, input="def broken(:\n")
     assert done.returncode == 2
