@@ -66,8 +66,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                                    "script's code sets",
                           'AM122': 'code that DataLoader workers run reads a module variable that only the '
                                    "script's code sets",
-                          'AM123': 'code outside the `if __name__ == "__main__":` block trains, starts '
-                                   'processes or goes through a loader'},
+                          'AM123': 'code outside the `if __name__ == "__main__":` block starts processes or '
+                                   'goes through a loader'},
                 'notes': (),
                 'reads_handoffs': False},
  'workers': {'module': 'workers',

@@ -1,10 +1,11 @@
 """main-guard: the code a flat script runs moves under `if __name__ == "__main__":`.
 
 What it does
-    In a script that trains, starts processes or goes through a DataLoader
-    while the file is being imported (flat module-level code, or a bare
-    `main()` call at the bottom), every module-level statement that runs the
-    script moves under `if __name__ == "__main__":`. What a process that
+    In a script that starts processes or goes through a DataLoader while the
+    file is being imported (flat module-level code, or a bare `main()` call
+    at the bottom), every module-level statement that runs the script moves
+    under `if __name__ == "__main__":`. A script that trains with neither
+    keeps its layout: no process it starts imports it again. What a process that
     imports the file needs stays at module level:
 
     - imports, functions, classes, the docstring, `try: import ...` blocks;
@@ -86,7 +87,7 @@ Left alone
       without going through them (a data module others import with
       `from data import train_loader`: moving the loader would break them).
     - A file that has a guard already. When module-level code outside it
-      still trains, starts processes or goes through a loader: AM123, move
+      still starts processes or goes through a loader: AM123, move
       that code into the guard by hand.
     - AM121: a definition that reads, while the file is imported (a default
       argument, a decorator, a base class, a class body, an annotation), a
@@ -121,7 +122,7 @@ class MainGuard(Codemod):
         "AM120": 'code that runs at import, outside an `if __name__ == "__main__":` guard',
         "AM121": "a definition reads, while the file is imported, a name that only the script's code sets",
         "AM122": "code that DataLoader workers run reads a module variable that only the script's code sets",
-        "AM123": 'code outside the `if __name__ == "__main__":` block trains, starts processes or goes through a loader',
+        "AM123": 'code outside the `if __name__ == "__main__":` block starts processes or goes through a loader',
     }
     triggers = ("DataLoader", "backward", "spawn", "Process", "Pool", "start_processes")
 

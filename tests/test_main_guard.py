@@ -105,7 +105,7 @@ def test_a_value_computed_from_moved_code_moves_too():
         HALF = 0.5
         scaled = steps * HALF
         for _ in range(scaled):
-            torch.ones(1, requires_grad=True).sum().backward()
+            next(iter(torch.utils.data.DataLoader([1.0])))
     """).code
     assert module_level(code) == ["import torch", "HALF = 0.5", GUARD]
 
@@ -125,7 +125,7 @@ def test_process_set_up_stays_where_it_is():
         import torch
         from helpers import make_loader
         for batch in make_loader():
-            torch.ones(1, requires_grad=True).sum().backward()
+            next(iter(torch.utils.data.DataLoader([1.0])))
     """).code
     assert module_level(code)[:10] == [
         "import os", "import sys", "import warnings", "sys.path.insert(0, os.path.dirname(__file__))",
@@ -144,7 +144,7 @@ def test_an_import_does_not_move_above_code_that_changes_sys_path():
         sys.path.append(config["plugins"])
         from plugins import extra
         for _ in range(2):
-            torch.ones(1, requires_grad=True).sum().backward()
+            next(iter(torch.utils.data.DataLoader([1.0])))
     """).code
     assert module_level(code) == ["import json", "import sys", "import torch", GUARD, "from plugins import extra", GUARD]
 
@@ -158,7 +158,7 @@ def test_set_up_from_the_command_line_stays():
         sys.path.append(sys.argv[1])
         print("loading")
         from plugins import extra
-        torch.ones(1, requires_grad=True).sum().backward()
+        next(iter(torch.utils.data.DataLoader([1.0])))
     """).code
     assert module_level(code) == ["import sys", "import torch", "sys.path.append(sys.argv[1])", "from plugins import extra", GUARD]
 
@@ -170,9 +170,9 @@ def test_a_redefined_function_keeps_the_calls_before_it():
         def evaluate():
             return 1
 
-        x = torch.ones(1, requires_grad=True)
+        loader = torch.utils.data.DataLoader([1.0])
         print(evaluate())
-        x.sum().backward()
+        print(len(loader))
 
         def evaluate():
             return 2
@@ -191,7 +191,7 @@ def test_a_rebound_constant_stays_after_the_calls_that_read_it():
             print(SCALE)
         report()
         SCALE = 2
-        torch.ones(1, requires_grad=True).sum().backward()
+        next(iter(torch.utils.data.DataLoader([1.0])))
     """).code
     assert module_level(code) == ["import torch", "SCALE = 1", "def report():", GUARD, "SCALE = 2", GUARD]
 
@@ -202,7 +202,8 @@ def test_module_globals_stay_module_globals():
         import torch
         model = torch.nn.Linear(1, 1)
         def step():
-            model(torch.ones(1)).sum().backward()
+            for x in torch.utils.data.DataLoader([torch.ones(1)]):
+                model(x).sum().backward()
         step()
     """).code
     assert "def main" not in code and "global" not in code
@@ -224,7 +225,7 @@ def test_moved_lines_are_only_reindented():
         print("""
         kept as written
         """)
-        model(torch.ones(2)).sum().backward()  # one step
+        for x in torch.utils.data.DataLoader([torch.ones(2)]): model(x).sum().backward()  # one step
     ''')
     code = migrate(source).code
     assert code.endswith(textwrap.dedent('''
@@ -237,14 +238,14 @@ def test_moved_lines_are_only_reindented():
             print("""
         kept as written
         """)
-            model(torch.ones(2)).sum().backward()  # one step
+            for x in torch.utils.data.DataLoader([torch.ones(2)]): model(x).sum().backward()  # one step
     '''))
 
 
 def test_crlf_line_endings_are_kept():
-    source = "import torch\r\nx = torch.ones(1, requires_grad=True)\r\nx.sum().backward()\r\n"
+    source = "import torch\r\nloader = torch.utils.data.DataLoader([1.0])\r\nprint(len(loader))\r\n"
     code = migrate_source(source, [("main-guard", {})], "train.py").code
-    assert code == 'import torch\r\n\r\nif __name__ == "__main__":\r\n    x = torch.ones(1, requires_grad=True)\r\n    x.sum().backward()\r\n'
+    assert code == 'import torch\r\n\r\nif __name__ == "__main__":\r\n    loader = torch.utils.data.DataLoader([1.0])\r\n    print(len(loader))\r\n'
 
 
 def test_no_blank_line_inside_the_guard_carries_indentation():
@@ -267,11 +268,26 @@ def test_a_module_that_only_builds_loaders_is_a_library():
     assert migration.code == source and migration.findings == []
 
 
-def test_a_function_called_at_import_that_trains_needs_the_guard():
+def test_a_script_that_trains_with_no_loader_and_starts_no_process_needs_no_guard():
+    """No process it starts imports it again: a guard would only move its code (issue 29, item 16)."""
+    source = textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 2)).sum().backward()
+            optimizer.step()
+    """)
+    migration = migrate(source)
+    assert migration.code == source and migration.findings == []
+
+
+def test_a_function_called_at_import_that_goes_through_a_loader_needs_the_guard():
     migration = migrate("""
         import torch
         def fit():
-            torch.ones(1, requires_grad=True).sum().backward()
+            next(iter(torch.utils.data.DataLoader([1.0])))
         fit()
     """)
     assert codes(migration) == [("AM120", True)]
@@ -286,8 +302,8 @@ def test_check_mode_reports_without_rewriting():
 def test_a_skip_comment_keeps_the_file():
     source = """
         import torch
-        x = torch.ones(1, requires_grad=True)  # accelmigrate: skip[AM120]
-        x.sum().backward()
+        loader = torch.utils.data.DataLoader([1.0])  # accelmigrate: skip[AM120]
+        print(len(loader))
     """
     migration = migrate(source)
     assert migration.code == textwrap.dedent(source) and migration.findings == []
@@ -307,7 +323,7 @@ def test_a_skip_comment_keeps_the_file():
     ],
 )
 def test_a_definition_reading_moved_names_at_import_is_refused(definition):
-    source = "import torch\nargs = torch.load('args.pt')\nbases = {}\n" + definition + "\ntorch.ones(1, requires_grad=True).sum().backward()\n"
+    source = "import torch\nargs = torch.load('args.pt')\nbases = {}\n" + definition + "\nnext(iter(torch.utils.data.DataLoader([1.0])))\n"
     migration = migrate_source(source, [("main-guard", {})], "train.py")
     assert migration.code == source
     assert codes(migration) == [("AM121", False)]
@@ -317,7 +333,7 @@ def test_a_definition_reading_moved_names_at_import_is_refused(definition):
 def test_postponed_annotations_are_not_read_at_import():
     source = (
         "from __future__ import annotations\nimport torch\nargs = torch.load('args.pt')\n"
-        "def train(config: args.Config) -> args.Result:\n    pass\ntorch.ones(1, requires_grad=True).sum().backward()\n"
+        "def train(config: args.Config) -> args.Result:\n    pass\nnext(iter(torch.utils.data.DataLoader([1.0])))\n"
     )
     assert codes(migrate_source(source, [("main-guard", {})], "train.py")) == [("AM120", True)]
 

@@ -97,10 +97,6 @@ def root_name(expression: cst.BaseExpression) -> Iterator[cst.Name]:
             yield from root_name(element.value)
 
 
-def is_backward(call: cst.Call) -> bool:
-    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
-
-
 def postpones_annotations(module: cst.Module) -> bool:
     """`from __future__ import annotations`: annotations are not evaluated."""
     for statement in module.body:

@@ -8,14 +8,13 @@ import functools
 import libcst as cst
 
 from .._base import walk
-from ..script import vocabulary as v
 from .statements import RUNS, Statement
-from .syntax import assigned_names, is_backward
+from .syntax import assigned_names
 from .vocabulary import PROCESS_STARTERS
 
 
 class ScriptWork:
-    """What running code does: trains, starts processes, goes through a loader (a part of `FlatScript`)."""
+    """What running code does that needs the guard: starts processes, goes through a loader (a part of `FlatScript`)."""
 
     def work_of(self, statement: Statement) -> str:
         """What `statement` (with the file's functions it calls) does that a
@@ -27,8 +26,6 @@ class ScriptWork:
             for node in walk(place):
                 if not isinstance(node, cst.Call):
                     continue
-                if is_backward(node) or self.index.is_call_to(node, v.AUTOGRAD_BACKWARD):
-                    return "it calls `.backward()`"
                 if self.index.is_call_to(node, PROCESS_STARTERS):
                     return "it starts processes"
                 if not found and self.script.is_dataloader(node) and self._goes_through(node, statement):
