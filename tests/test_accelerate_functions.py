@@ -150,6 +150,19 @@ def test_a_cuda_flag_given_as_a_number_keeps_the_cpu_too():
     assert _refusals(result) == [] and "Accelerator(cpu=not args.cuda or not torch.cuda.is_available()," in result.code
 
 
+@pytest.mark.parametrize("flag, dest", [("--no-accel", "no_accel"), ("--cpu", "cpu")])
+@pytest.mark.parametrize("word, reads", [("accelerate", "Accelerator(cpu=args.{} or"), ("fabric", 'Fabric(accelerator="cpu" if args.{} or')])
+def test_the_other_spellings_of_the_cpu_choice_keep_the_cpu_too(flag, dest, word, reads):
+    """Today's examples ask for the CPU with `--no-accel` (torch.accelerator); once the choice went unread."""
+    source = EXAMPLES.read_text().replace(
+        'parser.add_argument("--no-cuda", action="store_true", default=False, help="train on the CPU")',
+        f'parser.add_argument("{flag}", action="store_true", default=False, help="train on the CPU")',
+    ).replace("use_cuda = not args.no_cuda and", f"use_cuda = not args.{dest} and")
+    assert flag in source
+    result = migrate_source(source, [(word, {})], "train.py")
+    assert reads.format(dest) in result.code
+
+
 def test_a_print_before_the_arguments_are_parsed_keeps_the_flag_refused():
     source = EXAMPLES.read_text().replace("    parser = argparse.ArgumentParser(", "    print('starting')\n    parser = argparse.ArgumentParser(")
     result = _migrate(source)

@@ -28,8 +28,8 @@ A loop exit in such a function decided on a parameter that every call passes
 the same on every process (`if args.dry_run: break`, `args` parsed by the
 entry point) stays as it is (`ExitsThroughParameters`).
 
-`--no-cuda` / `--cuda` (`action="store_true"`) let the user keep the script
-on the CPU; the Accelerator then reads the flag (`cpu_flag`):
+`--no-cuda` / `--no-accel` / `--cpu` / `--cuda` (`action="store_true"`) let
+the user keep the script on the CPU; the Accelerator then reads the flag (`cpu_flag`):
 `Accelerator(cpu=args.no_cuda or not torch.cuda.is_available())`; so it reads
 `--device cpu` (`cpu=args.device == "cpu" or ...`). `parsed_flag` also finds
 every read of a flag's value (`args.device`, `args.gpu`, through parameters
@@ -240,7 +240,8 @@ class ExitsThroughParameters(ExitReading):
 
 # -- the flags that choose the device -------------------------------------------------------
 
-CPU_FLAGS = {"--no-cuda": "{}", "--no_cuda": "{}", "--cuda": "not {}"}  # the flag -> "the CPU is asked for" of its value
+# The flag -> "the CPU is asked for" of its value (`--no-accel`: today's examples, with torch.accelerator).
+CPU_FLAGS = {"--no-cuda": "{}", "--no_cuda": "{}", "--no-accel": "{}", "--no_accel": "{}", "--cpu": "{}", "--cuda": "not {}"}
 DEVICE_NAME_FLAGS = {"--device": '{} == "cpu"'}  # a flag whose value names the device: the CPU is asked for by name
 GPU_INDEX_FLAGS = frozenset({"--gpu"})  # a flag whose value is the GPU's index, which accelerate chooses per process
 

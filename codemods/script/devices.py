@@ -28,7 +28,7 @@ from .scopes import Binding, Index, Scope
 
 DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 DEVICE_PARAMETER_NAMES = v.DEVICE_PARAMETER_NAMES
-DEVICE_FLAGS = frozenset({"--device", "--gpu", "--cuda", "--no-cuda", "--no_cuda"})
+DEVICE_FLAGS = frozenset({"--device", "--gpu", "--cuda", "--no-cuda", "--no_cuda", "--no-accel", "--no_accel", "--cpu"})
 STRING_FLAGS = frozenset({"--device"})  # flags whose value names a device (`--gpu` is an index)
 
 
