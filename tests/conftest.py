@@ -31,15 +31,23 @@ TEARDOWN_ABORT = "terminate called without an active exception"
 TEARDOWN_RERUNS = 7
 
 
+def rerun_on_teardown_abort(attempt, failed_with_abort):
+    """`attempt()`, again while `failed_with_abort(result)`, up to TEARDOWN_RERUNS times."""
+    result = attempt()
+    for _ in range(TEARDOWN_RERUNS):
+        if not failed_with_abort(result):
+            break
+        result = attempt()
+    return result
+
+
 def run_launch(command: list, **kwargs) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True, **kwargs)`,
     again if it ended in the gloo teardown abort."""
-    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    for _ in range(TEARDOWN_RERUNS):
-        if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
-            break
-        done = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    return done
+    return rerun_on_teardown_abort(
+        lambda: subprocess.run(command, capture_output=True, text=True, **kwargs),
+        lambda done: done.returncode != 0 and TEARDOWN_ABORT in done.stderr,
+    )
 
 
 def run_verify(*args: str, env: dict | None = None):
@@ -52,11 +60,10 @@ def run_verify(*args: str, env: dict | None = None):
     from accelmigrate.verify import verify_command
 
     runner = CliRunner()
-    result = runner.invoke(verify_command, ["--json", *args], env=env, catch_exceptions=False)
-    for _ in range(TEARDOWN_RERUNS):
-        if result.exit_code == 0 or TEARDOWN_ABORT not in result.output:
-            break
-        result = runner.invoke(verify_command, ["--json", *args], env=env, catch_exceptions=False)
+    result = rerun_on_teardown_abort(
+        lambda: runner.invoke(verify_command, ["--json", *args], env=env, catch_exceptions=False),
+        lambda done: done.exit_code != 0 and TEARDOWN_ABORT in done.output,
+    )
     output = result.output
     return result.exit_code, (json.loads(output) if output.lstrip().startswith("{") else output)
 

@@ -45,6 +45,7 @@ import libcst as cst
 
 from .._base import code_of, keyword_arg
 from .._ddp.decisions import RankDecisions
+from ..script.devices import CPU_CHOICE_FLAGS
 from ..script.uses import FOLLOW_DEPTH
 from .common import ACCELERATOR
 from .exits import ExitReading
@@ -240,8 +241,6 @@ class ExitsThroughParameters(ExitReading):
 
 # -- the flags that choose the device -------------------------------------------------------
 
-# The flag -> "the CPU is asked for" of its value (`--no-accel`: today's examples, with torch.accelerator).
-CPU_FLAGS = {"--no-cuda": "{}", "--no_cuda": "{}", "--no-accel": "{}", "--no_accel": "{}", "--cpu": "{}", "--cuda": "not {}"}
 DEVICE_NAME_FLAGS = {"--device": '{} == "cpu"'}  # a flag whose value names the device: the CPU is asked for by name
 GPU_INDEX_FLAGS = frozenset({"--gpu"})  # a flag whose value is the GPU's index, which accelerate chooses per process
 
@@ -274,10 +273,10 @@ def cpu_flag(planner, flag: cst.Call) -> CpuFlag | None:
         if action is not None or not _typed(flag, (None, "str")):
             return None  # a string is what `== "cpu"` can read
         asks = DEVICE_NAME_FLAGS[spelled]
-    elif spelled in CPU_FLAGS and action is not None and isinstance(action.value, cst.SimpleString) and action.value.evaluated_value == "store_true":
-        asks = CPU_FLAGS[spelled]
-    elif spelled in CPU_FLAGS and action is None and _typed(flag, ("int",)):
-        asks = CPU_FLAGS[spelled]  # `--cuda 1` / `--cuda 0`: read as a truth value, as a store_true flag's
+    elif spelled in CPU_CHOICE_FLAGS and action is not None and isinstance(action.value, cst.SimpleString) and action.value.evaluated_value == "store_true":
+        asks = CPU_CHOICE_FLAGS[spelled]
+    elif spelled in CPU_CHOICE_FLAGS and action is None and _typed(flag, ("int",)):
+        asks = CPU_CHOICE_FLAGS[spelled]  # `--cuda 1` / `--cuda 0`: read as a truth value, as a store_true flag's
     else:
         return None
     parsed = parsed_flag(planner, flag)

@@ -28,7 +28,10 @@ from .scopes import Binding, Index, Scope
 
 DEVICE_STRINGS = ("cuda", "cpu", "mps", "xpu")
 DEVICE_PARAMETER_NAMES = v.DEVICE_PARAMETER_NAMES
-DEVICE_FLAGS = frozenset({"--device", "--gpu", "--cuda", "--no-cuda", "--no_cuda", "--no-accel", "--no_accel", "--cpu"})
+# Flags that choose between the CPU and a GPU -> the test, of the flag's value, that the CPU is asked for
+# (`--no-accel`: today's examples, with torch.accelerator).
+CPU_CHOICE_FLAGS = {"--no-cuda": "{}", "--no_cuda": "{}", "--no-accel": "{}", "--no_accel": "{}", "--cpu": "{}", "--cuda": "not {}"}
+DEVICE_FLAGS = frozenset({"--device", "--gpu", *CPU_CHOICE_FLAGS})
 STRING_FLAGS = frozenset({"--device"})  # flags whose value names a device (`--gpu` is an index)
 
 
