@@ -217,8 +217,8 @@ class Planner:
     def _plan_devices(self) -> None:
         self.gpu_index_calls = set()  # `.cuda(args.gpu)` and `torch.cuda.set_device(args.gpu)`: the flag's reads
         for binding in self.script.devices:
-            if binding.kind == "parameter":
-                continue  # receives what the entry point passes: `accelerator.device`
+            if binding.kind in ("parameter", "parsed"):
+                continue  # receives what the entry point passes: `accelerator.device`; `args.device` is its flag's
             if binding.kind == "flag" and self.moved_after is None and self._read_cpu_flag(binding):
                 continue
             if binding.kind == "flag" and self._read_gpu_index_flag(binding):

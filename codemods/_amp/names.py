@@ -236,7 +236,21 @@ class Resolution:
         home = bindings[0].scope
         if home is self.facts.scope_of(site) and not any(self.ends_before(line, site) for line in lines):
             return None  # bound only further down in the same scope
+        if self.called_before(lines, site, home):
+            return None
         return Ref("name", name, home, sorted(lines, key=self.order))
+
+    def called_before(self, lines: list, site: cst.CSTNode, home) -> bool:
+        """The function around `site` (defined in `home`) is called there
+        before any of `lines` binds the name it reads: a notebook's
+        `eval_model(model_0)` runs before the cell that binds `device`."""
+        function = self.facts.function_at(site)
+        if function is None or function.scope.parent is not home:
+            return False
+        return any(
+            caller.caller is home and not any(self.ends_before(line, caller.call) for line in lines)
+            for caller in function.callers
+        )
 
     def device_at(self, site: cst.CSTNode) -> Optional[Ref]:
         """The device binding in reach of `site`: a variable (`device`,
@@ -346,8 +360,8 @@ class Resolution:
         return chain
 
     def string_device_nodes(self) -> set:
-        """The targets the script binds a device string to (`device = "cuda" if ... else "cpu"`, `device = args.device`)."""
-        return {d.node for d in self.script.devices if d.kind == "string" and "[" not in d.name}
+        """The targets the script binds a device string to (`device = "cuda" if ... else "cpu"`, `device = args.device`, `args = parser.parse_args()` of a `--device` flag)."""
+        return {d.node for d in self.script.devices if d.kind in ("string", "parsed") and "[" not in d.name}
 
     def is_string_device(self, ref: Ref) -> bool:
         """Some binding of `ref` holds a string (or a `config["device"]` entry);
@@ -399,7 +413,7 @@ class Resolution:
     def device_names(self) -> list:
         """Names and `x.attr` spellings that the script binds a device to
         (`device` first), including those of the model's parameters."""
-        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device") or d.kind == "string" and "[" not in d.name}
+        names = {d.name for d in self.script.devices if d.kind in ("torch.device", "get_device", "parsed") or d.kind == "string" and "[" not in d.name}
         names |= self.facts.parameter_device_names()
         names = {n for n in names if n.count(".") <= 1}
         return sorted(names, key=lambda n: (n.rsplit(".", 1)[-1] != "device", "." in n, n))
@@ -417,8 +431,19 @@ class Resolution:
         roots = self.facts.bindings_of(root, site)
         if len(roots) == 1 and roots[0].kind == "param":
             return self.passed_in(root, site, lambda e, s, d: self.attribute_device(e, attribute, s, d), depth, name)
-        ref = self.resolve_name(name, site, ("device",))
+        ref = self.resolve_name(name, site, ("device",)) or self.parsed_device(name, roots, site)
         return ref if ref is not None and roots and roots[0].scope is ref.home else None
+
+    def parsed_device(self, name: str, roots: list, site: cst.CSTNode) -> Optional[Ref]:
+        """`args.device` of a `--device` string flag, never assigned: bound
+        where every binding of `args` in reach parses the arguments."""
+        parsed = {d.node for d in self.script.devices if d.kind == "parsed" and d.name == name}
+        lines = [self.assignment_line(root) for root in roots if root.node in parsed]
+        if not roots or len(lines) != len(roots) or None in lines:
+            return None
+        if roots[0].scope is self.facts.scope_of(site) and not any(self.ends_before(line, site) for line in lines):
+            return None  # parsed only further down
+        return Ref("name", name, roots[0].scope, sorted(lines, key=self.order))
 
     def attribute_device(self, expression: cst.BaseExpression, attribute: str, site: cst.CSTNode, depth: int) -> Optional[Ref]:
         """`<expression>.<attribute>` as a device at a call site."""

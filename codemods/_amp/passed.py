@@ -29,6 +29,8 @@ class Passed:
         its function, and every call of that function in the file passes an
         argument for it that `resolve` traces in the caller. `spelled` names
         the Ref when the device is an attribute of the parameter (`args.device`).
+        A call that leaves the parameter out passes its default (`device:
+        torch.device = device`), traced where the function is defined.
         With `optional`, a call may leave out a parameter that defaults to
         None (`run_epoch(model, val_loader, criterion)` evaluates: no optimizer)."""
         function = self.facts.function_at(site)
@@ -39,10 +41,13 @@ class Passed:
             return None
         sources = []
         for call_site in function.callers:
-            argument = call_site.arguments.get(name)
-            if argument is None and optional and call_site.complete and _is_none(bindings[0].value):
+            argument, default = call_site.arguments.get(name), bindings[0].value
+            if argument is None and optional and call_site.complete and _is_none(default):
                 continue  # the parameter is None there: see scaler_passed
-            source = resolve(argument, call_site.call, depth + 1) if argument is not None and call_site.complete else None
+            if argument is None and call_site.complete and default is not None and not _is_none(default):
+                source = resolve(default, default, depth + 1)  # `device: torch.device = device`, read where the function is defined
+            else:
+                source = resolve(argument, call_site.call, depth + 1) if argument is not None and call_site.complete else None
             if source is None:
                 return None
             sources.append((call_site.call, source))

@@ -8,7 +8,8 @@ argparse. Codemods that need the device (autocast needs its type) start
 from these.
 
 A string device is also one read from a `--device` flag (`device =
-args.device`) and one held under the "device" key of a module-level config
+args.device`, or `args.device` itself, kind "parsed", bound where the
+arguments are parsed: `args = parser.parse_args()`) and one held under the "device" key of a module-level config
 dict (`config = dict(device="cuda" if ... else "cpu")`, read as
 `config["device"]`): `torch.device(...)` of either names the device.
 """
@@ -40,7 +41,7 @@ class DeviceBinding:
     """One binding of a device, as the script writes it."""
 
     name: str  # "device", "self.device", "args.device", "--device"
-    kind: str  # "torch.device", "get_device", "string", "parameter", "flag"
+    kind: str  # "torch.device", "get_device", "string", "parameter", "flag", "parsed"
     node: cst.CSTNode = dataclasses.field(repr=False)  # the target, the Param, or the add_argument call
     scope: Scope = dataclasses.field(repr=False)
     lines: "Lines" = dataclasses.field(repr=False, compare=False)  # resolves `line` when asked
@@ -70,6 +71,9 @@ def device_bindings(index: Index, entities: Entities, lines: Lines) -> list[Devi
                 if kind is not None:
                     value = code_of(binding.value) if binding.value is not None and kind != "parameter" else ""
                     found.append(DeviceBinding(binding.name, kind, binding.node, scope, lines, value))
+                if binding.kind == "assign" and isinstance(binding.node, cst.Name) and _parses_arguments(binding.value):
+                    value = code_of(binding.value)
+                    found.extend(DeviceBinding(f"{binding.name}.{dest}", "parsed", binding.node, scope, lines, value) for dest in sorted(flag_reads))
         for call in scope.calls:
             flag = _device_flag(call)
             if flag is not None:
@@ -108,6 +112,14 @@ def is_device_string(value: cst.BaseExpression) -> bool:
 def _reads_flag(value: Optional[cst.BaseExpression], dests: set) -> bool:
     """`args.device`, where the file declares `--device`."""
     return isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.attr.value in dests
+
+
+def _parses_arguments(value: Optional[cst.BaseExpression]) -> bool:
+    """`parser.parse_args()`, `parser.parse_known_args()[0]`."""
+    method = "parse_args"
+    if isinstance(value, cst.Subscript) and code_of(value.slice[0]) == "0":
+        value, method = value.value, "parse_known_args"
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == method
 
 
 def _config_device_key(binding: Binding) -> Optional[str]:

@@ -124,7 +124,7 @@ class Flow:
         bound to an instance (a method through `self.`, a class's __init__)."""
         func = call.func
         if isinstance(func, cst.Name):
-            for binding in self.index.definitions_of(func.value, scope):
+            for binding in self._reached_definitions(func.value, call, scope):
                 if binding.kind == "def" and binding.node in self.functions:
                     return self.functions[binding.node], False
                 if binding.kind == "class":
@@ -138,6 +138,19 @@ class Flow:
                 found = self.method(klass, func.attr.value)
                 return (found, True) if found is not None else None
         return None
+
+    def _reached_definitions(self, name: str, call: cst.Call, scope: Scope) -> list:
+        """The definitions of `name` that `call` may run, the one it runs first.
+        A name defined twice (a notebook redefines `eval_model`): a call in
+        the defining scope runs the latest definition above it; a call from a
+        function body, run later, the last one."""
+        definitions = self.index.definitions_of(name, scope)
+        if len(definitions) < 2:
+            return definitions
+        order = self.index.order
+        above = [d for d in definitions if d.scope is scope and order.get(d.node, 0) < order.get(call, 0)]
+        reached = above[-1] if above else definitions[-1] if definitions[-1].scope is not scope else definitions[0]
+        return [reached, *(d for d in definitions if d is not reached)]
 
     def class_of_instance(self, name: cst.Name, scope: Scope) -> Optional[cst.ClassDef]:
         """The file's class that `name` is an instance of: `self` in a method,
