@@ -212,8 +212,10 @@ class Placement:
         `device_type`, a type name by contract), or None (anything else, where
         a torch.device would not behave like the string)."""
         parent = self.parent(node)
-        if isinstance(parent, cst.FormattedStringExpression):
-            return "text"
+        if isinstance(parent, (cst.FormattedStringExpression, cst.Expr)):
+            return "text"  # an expression statement: a notebook cell shows it
+        if isinstance(parent, cst.Param) and parent.default is node:
+            return self._use_as_default(parent)
         if not isinstance(parent, cst.Arg) or parent.star:
             return None
         call = self.parent(parent)
@@ -231,10 +233,13 @@ class Placement:
             return "type"
         return self._use_in_callee(call, node)
 
+    def _use_as_default(self, param: cst.Param) -> Optional[str]:
+        """`def train_step(..., device: torch.device = device)`: how the function reads its parameter."""
+        return self._read_as_device(self.parent(self.parent(param)), param)
+
     def _use_in_callee(self, call: cst.Call, node: cst.CSTNode) -> Optional[str]:
         """`f(model, device)` of a function `f` of this file: how `f` reads the
-        parameter that receives it. "device" when only as a device (and at most
-        printed), so a torch.device in its place behaves the same; else None."""
+        parameter that receives it."""
         found = self.script.flow.callee(call, self.script.scope_of(call))
         site = next((c for c in found[0].callers if c.call is call), None) if found is not None else None
         if site is None or not site.complete:
@@ -243,9 +248,15 @@ class Placement:
         function = found[0].node
         params = function.params
         param = next((p for p in (*params.posonly_params, *params.params, *params.kwonly_params) if p.name.value == name), None)
-        if param is None or param in self._followed_params:
+        return self._read_as_device(function, param) if param is not None else None
+
+    def _read_as_device(self, function: cst.CSTNode, param: cst.Param) -> Optional[str]:
+        """"device" when `function` reads `param` only as a device (and at
+        most prints it), so a torch.device in its place behaves the same; else None."""
+        if param in self._followed_params:
             return None  # recursion: its reads are being decided
-        if any(b.kind != "param" for b in self.script.index.scope_by_node[function].bindings.get(name, ())):
+        scope = self.script.index.scope_by_node.get(function)
+        if scope is None or any(b.kind != "param" for b in scope.bindings.get(param.name.value, ())):
             return None  # rebound inside: its reads are not all of the passed value
         self._followed_params.add(param)
         try:

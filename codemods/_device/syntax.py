@@ -100,11 +100,11 @@ def after_docstring_and_future(body: Sequence[cst.CSTNode]) -> int:
 
 def mentions_cuda(test: cst.CSTNode) -> bool:
     """Does an `if` test look at CUDA (a name, attribute or string with "cuda",
-    `.is_cuda`, `.type`)?"""
+    `.is_cuda`, `.type`), or at a device's being the CPU (`config.device != "cpu"`)?"""
     for node in walk(test):
         if isinstance(node, cst.Name) and ("cuda" in node.value.lower() or node.value in ("type", "device_count")):
             return True
-        if isinstance(node, cst.SimpleString) and "cuda" in node.value:
+        if isinstance(node, cst.SimpleString) and ("cuda" in node.value or node.evaluated_value == "cpu"):
             return True
     return False
 
