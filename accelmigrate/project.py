@@ -98,13 +98,22 @@ def facts_of_project(
     tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
-    gradients, gpu_datasets, evaluating = set(), set(), set()
-    for _, module, file in _imported_files(tree, path.resolve().parent, read):
+    gradients, gpu_datasets, evaluating, star_names, reexports = set(), set(), set(), {}, {}
+    for node, module, file in _imported_files(tree, path.resolve().parent, read):
         gradients.update(f"{module}.{name}" for name in _names_once(file, read, _gradient_functions))
         gpu_datasets.update(f"{module}.{name}" for name in _names_once(file, read, _gpu_datasets))
         evaluating.update(f"{module}.{name}" for name in _names_once(file, read, evaluating_functions))
+        if _imports_star(node):
+            star_names.update(_star_bindings(module, file, read))
+        elif isinstance(node, ast.ImportFrom) and module == "." * node.level + (node.module or ""):
+            bound = _star_bindings(module, file, read, exported_only=False)
+            reexports.update(
+                (_joined(module, alias.name), bound[alias.name]) for alias in node.names
+                if bound.get(alias.name, "").split(".")[0] not in ("", module.split(".")[0])
+            )
     return ProjectFacts(
-        gradient_functions=frozenset(gradients), device_parameters=devices,
+        gradient_functions=frozenset(gradients), device_parameters=devices, star_names=frozenset(star_names.items()),
+        reexports=frozenset(reexports.items()),
         imported_by_a_script=imported, gpu_datasets=frozenset(gpu_datasets),
         evaluating_functions=frozenset(evaluating), **(paired or {}),
     )
@@ -240,6 +249,61 @@ def _names_once(file: Path, read: dict, finder: Callable[[ast.Module], Iterator[
         tree = _module_tree(file, read)
         read[key] = tuple(finder(tree)) if tree is not None else ()
     return read[key]
+
+
+def _imports_star(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names)
+
+
+def module_bindings(tree: ast.Module) -> Iterator[str]:
+    """The names a module binds at its top level, as "name=qualified name":
+    its absolute imports (`nn=torch.nn`) and, as "name=", its own definitions."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.update((alias.asname or alias.name, f"{node.module}.{alias.name}") for alias in node.names if alias.name != "*")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found[node.name] = ""
+        elif isinstance(node, ast.Assign):
+            found.update((t.id, "") for t in node.targets if isinstance(t, ast.Name))
+    yield from (f"{name}={qualified}" for name, qualified in found.items())
+
+
+def listed_in_all(tree: ast.Module) -> Iterator[str]:
+    """The names of a literal `__all__`; "*" (every public name) without one."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple)):
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                yield from (e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
+                return
+    yield "*"
+
+
+def _star_bindings(module: str, file: Path, read: dict, depth: int = 1, exported_only: bool = True) -> dict[str, str]:
+    """Name -> qualified name for what `from <module> import *` binds (or,
+    not `exported_only`, what `from <module> import <name>` may), through
+    the module's own star imports of the project (`network` does `from
+    module import *`, which imports `torch.nn as nn`). A name the module
+    defines itself is `<module>.<name>`."""
+    found: dict[str, str] = {}
+    tree = _module_tree(file, read)
+    if tree is not None and depth < MAX_DEPTH:
+        for node, inner, inner_file in _imported_files(tree, file.parent, read):
+            if _imports_star(node) and inner_file != file:
+                found.update(_star_bindings(inner, inner_file, read, depth + 1))
+    listed = set(_names_once(file, read, listed_in_all))
+    for binding in _names_once(file, read, module_bindings):  # its own come later, and win
+        name, _, qualified = binding.partition("=")
+        if not exported_only or (name in listed if "*" not in listed else not name.startswith("_")):
+            found[name] = qualified or _joined(module, name)
+    return found
+
+
+def _joined(module: str, name: str) -> str:
+    return f"{module}{name}" if module.endswith(".") else f"{module}.{name}"
 
 
 def _gradient_functions(tree: ast.Module) -> Iterator[str]:

@@ -211,3 +211,31 @@ def test_an_ema_helper_of_another_module_gets_the_model_itself(tmp_path):
     assert before.returncode == 0, before.stderr
     two.wait().succeeded()
     assert abs(float(two.stdout) - float(before.stdout)) <= ONE_PROCESS_TOLERANCE, two.stdout
+
+
+STAR_IMPORTS = FIXTURES / "projects" / "star_imports"
+
+
+@pytest.mark.slow
+def test_a_script_that_gets_torch_through_the_projects_star_imports_is_made_distributed(tmp_path):
+    """train.py imports nothing from torch itself: `from network import *`
+    (which star-imports layers, which imports torch and nn) and DataLoader
+    from data.py. Read alone, its optimizer and loader are nobody's and ddp
+    refuses; read with the project, DataParallel becomes DDP, the loader is
+    sharded, and 2 processes end on the one-process weights."""
+    alone = invoke("check", "--to", "ddp", "--no-cache", "--no-follow-imports", "train.py", cwd=STAR_IMPORTS)
+    assert "AM520" in alone.output, alone.output
+    original = shutil.copytree(STAR_IMPORTS, tmp_path / "original")
+    project = shutil.copytree(STAR_IMPORTS, tmp_path / "migrated")
+    done = invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    assert done.exit_code == 0 and "changed train.py: device, ddp" in done.output, done.output
+    expected = FIXTURES / "projects" / "expected" / "star_imports" / "ddp" / "train.expected.py"
+    assert (project / "train.py").read_text() == expected.read_text()
+    assert invoke("check", "--to", "ddp", "--no-cache", "train.py", cwd=project).exit_code == 0  # nothing left
+    two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
+    before = run_python(original / "train.py", cwd=original)
+    assert before.returncode == 0 and run_python(project / "train.py", cwd=project).stdout == before.stdout  # a world of one
+    two.wait().succeeded()
+    expected_weights, trained = torch.load(original / "regressor.pt"), torch.load(project / "regressor.pt")
+    assert max((expected_weights[k] - trained[k]).abs().max().item() for k in expected_weights) <= ONE_PROCESS_TOLERANCE
+    assert len(two.stdout.splitlines()) == len(before.stdout.splitlines())  # printed once, by rank 0

@@ -45,7 +45,9 @@ class ScriptModel:
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self.index = Index(module)
+        # What the project's other files tell about this one (the engine's, while it migrates it).
+        self.project: ProjectFacts = current_project_facts()
+        self.index = Index(module, dict(self.project.star_names), dict(self.project.reexports))
         # `model.line(node)`, `model.line.range(node)`: positions, resolved one
         # statement at a time when first asked
         self.line = lines = Lines(module, self.index.parent)
@@ -57,8 +59,6 @@ class ScriptModel:
         self._steps = steps
         self.devices: list[DeviceBinding] = device_bindings(self.index, self._entities, lines)
         self.entry: EntryPoint = self.flow.entry_point()
-        # What the project's other files tell about this one (the engine's, while it migrates it).
-        self.project: ProjectFacts = current_project_facts()
         self._derived: dict = {}
 
     def derived(self, build: Callable[["ScriptModel"], _Facts]) -> _Facts:

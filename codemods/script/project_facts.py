@@ -53,6 +53,15 @@ and read by the codemods through `ScriptModel.project`.
 - `built_loaders`: this module's functions (and the position of their
   result) that build the DataLoader a script of the run hands a training
   loop: ddp gives it its sampler and split batch here.
+- `star_names`: what this file's `from <project module> import *` binds,
+  as (name, qualified name) pairs: the module's own imports (`nn` is
+  `torch.nn`) and definitions (`Model` is `network.Model`), so that a
+  script written on top of `from network import *` reads as if it
+  imported them itself.
+- `reexports`: the names this file imports from a project module that
+  itself imports them (`from preprocess import DataLoader`, where
+  `preprocess` does `from torch.utils.data import DataLoader`), as
+  (the name as imported, its qualified name) pairs.
 
 The engine gives them for the file being migrated (`given`); a file migrated
 on its own (an editor's buffer, stdin) has none.
@@ -121,6 +130,8 @@ class ProjectFacts:
     loader_classes: frozenset = frozenset()  # of LoaderClass, named as this file's imports name them
     received_loader_classes: frozenset = frozenset()  # of LoaderClass, this module's
     rank_zero_writers: frozenset = frozenset()
+    star_names: frozenset = frozenset()  # of (name, qualified name)
+    reexports: frozenset = frozenset()  # of ("preprocess.DataLoader", "torch.utils.data.DataLoader")
 
     @property
     def pairs(self) -> bool:
@@ -143,7 +154,8 @@ class ProjectFacts:
         """A stable text of the facts (part of the result cache's key)."""
         imported = ("imported" if self.imported_by_a_script else "") + ("library" if self.rank_zero_library else "")
         names = (
-            self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions, self.rank_zero_writers
+            self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions, self.rank_zero_writers,
+            {f"{name}={qualified}" for name, qualified in self.star_names | self.reexports},
         )
         paired = (
             self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders, self.loader_classes,

@@ -81,8 +81,12 @@ class Binding:
 class Index:
     """The walk's results: parents, scopes and bindings; name resolution."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, star_names: Optional[dict] = None, reexports: Optional[dict] = None) -> None:
         self.module = module
+        # When the project is known: what `from <project module> import *` binds (name -> qualified
+        # name), and the qualified names of what a project module imports and this file imports from it.
+        self.star_names: dict = star_names or {}
+        self.reexports: dict = reexports or {}
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self.scope_of_node: dict[cst.CSTNode, Scope] = {}  # names, calls, statements, definitions
         self.scopes: list[Scope] = []
@@ -177,12 +181,14 @@ class Index:
 
     def _resolve(self, name: str, scope: Scope) -> frozenset:
         home = self.home_of(name, scope)
+        if home is None and name in self.star_names:
+            return frozenset({self.star_names[name]})
         if home is None:
             return frozenset({f"builtins.{name}"}) if name in BUILTINS else frozenset()
         found = set()
         for binding in home.bindings[name]:
             if binding.kind == "import":
-                found.add(binding.qualified)
+                found.add(self.reexports.get(binding.qualified, binding.qualified))
             else:
                 found.add(name if home.kind == "module" else f"{_prefix(home)}{name}")
         return frozenset(found)
