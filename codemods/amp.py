@@ -243,7 +243,7 @@ from ._amp.introduced import Introduced
 from ._amp.leaving import Leaving
 from ._amp.names import Resolution
 from ._amp.passed import Passed
-from ._amp.received import RECEIVED, Received
+from ._amp.received import Received
 from ._amp.placement import UNUSED_DEVICE, Placement
 from ._amp.plan import (
     CPU, RAW_AUTOGRAD, Backward, Problem, Ref, StepPlan, method_call, statement, unscalable_argument, without_parens,
@@ -518,7 +518,7 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
         scaler_binding.used = True
         self.dtype_binding(plan.device).used = True
         self.import_runtime("autocast_dtype")
-        self.import_runtime("scaler_for" if plan.optimizers[0].kind == RECEIVED else "grad_scaler")
+        self.import_runtime("scaler_for" if scaler_binding.value.startswith(self.runtime_name("scaler_for")) else "grad_scaler")
         self.need_torch()
         stepped = ", ".join(self.optimizer_text(ref, site) for ref in plan.optimizers)
         on_cpu = UNUSED_DEVICE if plan.device.kind == CPU and self.left_unused() else ""

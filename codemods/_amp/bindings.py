@@ -39,7 +39,12 @@ class Bindings:
     def scaler_binding(self, group: list) -> Binding:
         ref = group[0].optimizers[0]
         if ref.kind == "param":
-            return self.scaler_passed(group)
+            try:
+                return self.scaler_passed(group)
+            except Problem as problem:
+                if problem.code != "AM413":
+                    raise
+            return self.scaler_received(group)  # a caller has no device in reach: the function takes its optimizer's own scaler
         if ref.kind == RECEIVED:
             return self.scaler_received(group)
         lines = sorted({id(line): line for plan in group for r in plan.optimizers for line in r.bindings}.values(), key=self.order)

@@ -236,9 +236,47 @@ class Resolution:
         home = bindings[0].scope
         if home is self.facts.scope_of(site) and not any(self.ends_before(line, site) for line in lines):
             return None  # bound only further down in the same scope
+        if "device" in kinds and home is self.facts.scope_of(site) and not self.bound_on_every_path(lines, site):
+            return None  # a device bound in one branch only (`loc = ...` under `if args.resume:`)
         if self.called_before(lines, site, home):
             return None
         return Ref("name", name, home, sorted(lines, key=self.order))
+
+    def bound_on_every_path(self, lines: list, site: cst.CSTNode) -> bool:
+        """Some of `lines` runs, before `site`, whichever way the code goes:
+        a line of a block around `site`, or an `if` there whose every branch
+        binds (`if args.cuda: device = ... else: device = ...`). The body
+        of a `with` or `try` counts as run; a loop's body may not run."""
+        around = {id(a) for a in self.ancestors(site)}
+        statements = {id(line) for line in lines}
+        for line in lines:
+            if not self.ends_before(line, site):
+                continue
+            top = line
+            for ancestor in self.ancestors(line):
+                if id(ancestor) in around:
+                    break
+                top = ancestor
+            if self.always_binds(top, statements):
+                return True
+        return False
+
+    def always_binds(self, node: cst.CSTNode, statements: set) -> bool:
+        """Running the statement `node` runs one of `statements`."""
+        if id(node) in statements:
+            return True
+        if isinstance(node, cst.If):
+            return self.block_binds(node.body, statements) and node.orelse is not None and (
+                self.always_binds(node.orelse, statements) if isinstance(node.orelse, cst.If) else self.block_binds(node.orelse.body, statements)
+            )
+        if isinstance(node, (cst.With, cst.Try)):
+            return self.block_binds(node.body, statements)
+        if isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+            return self.block_binds(node, statements)
+        return False
+
+    def block_binds(self, block: cst.BaseSuite, statements: set) -> bool:
+        return isinstance(block, cst.IndentedBlock) and any(self.always_binds(statement, statements) for statement in block.body)
 
     def called_before(self, lines: list, site: cst.CSTNode, home) -> bool:
         """The function around `site` (defined in `home`) is called there
@@ -282,20 +320,22 @@ class Resolution:
             return None
         model = names.pop()
         bindings = self.facts.bindings_of(model, site)
-        if len(bindings) != 1 or self.is_moved(model):
+        if len(bindings) != 1:
             return None
         home = bindings[0].scope
         if bindings[0].kind == "param":  # `def evaluate(model, loader)`: bound first thing in the function
             function = self.facts.function_at(site)
             if function is None or function.scope is not home or not isinstance(function.node.body, cst.IndentedBlock):
                 return None
+            if self.moved_by(model, function):
+                return None  # where the callers moved it beforehand is where it is on entry
             if any(d.scope is home for d in self.script.devices) or any(n in home.bindings for n in self.facts.parameter_device_names()):
                 return None  # the function binds its device itself, further down
             body = list(function.node.body.body)
             anchor, before = (body[1] if len(body) > 1 and is_docstring(body[0]) else body[0]), True
         else:
             anchor, before = self.assignment_line(bindings[0]), False
-            if anchor is None or len(anchor.body[0].targets) != 1:
+            if anchor is None or len(anchor.body[0].targets) != 1 or self.is_moved(model):
                 return None
             if home is self.facts.scope_of(site) and not self.ends_before(anchor, site):
                 return None
@@ -318,6 +358,17 @@ class Resolution:
                     if isinstance(argument, cst.Name) and argument.value == model and _moves_name(parameter, walk(function.node.body)):
                         return True
         return False
+
+    def moved_by(self, model: str, function) -> bool:
+        """`function` (or a function of the file it hands `model`) moves its parameter `model`."""
+        if _moves_name(model, walk(function.node.body)):
+            return True
+        return any(
+            call_site.caller is function.scope and isinstance(argument, cst.Name) and argument.value == model
+            and _moves_name(parameter, walk(callee.node.body))
+            for callee in self.script.flow.functions.values() for call_site in callee.callers
+            for parameter, argument in call_site.arguments.items()
+        )
 
     def is_read_anywhere(self, name: str) -> bool:
         return any(

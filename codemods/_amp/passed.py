@@ -120,10 +120,11 @@ class Passed:
         if name is None or any(a.keyword is not None and a.keyword.value == name for call, _ in sources for a in call.args):
             raise Problem(group[0].site, "AM414", f"the names {', '.join(SCALER_NAMES)} are taken in {function.name}(): pass it a GradScaler by hand")
         binding = Binding("param", name, function.node, None, "", optional=any(p.default is not None for p in params.params))
-        for call, source in sources:
-            device = self.device_at(call)
+        devices = [self.device_at(call) for call, _ in sources]
+        for (call, _), device in zip(sources, devices):
             if device is None:
                 raise Problem(call, "AM413", f"no device binding in reach of this call of {function.name}(): bind a GradScaler for the optimizer it passes by hand")
+        for (call, source), device in zip(sources, devices):
             home = (source.kind, id(source.home))
             if self.shared_scaler(home, [call]) is None:
                 caller = StepPlan([], device, [source], [], [], [], None, call)

@@ -167,9 +167,13 @@ def is_module_class(qualified: str) -> bool:
     return qualified.rsplit(".", 1)[-1][:1].isupper()
 
 
+# Layers with no parameters that scripts use as their criterion (SimSiam's negative cosine similarity).
+_DISTANCES = frozenset({"CosineSimilarity", "PairwiseDistance"})
+
+
 def is_loss_class(qualified: str) -> bool:
-    """`torch.nn.CrossEntropyLoss`, `torch.nn.MSELoss`: a criterion, not a model."""
-    return is_module_class(qualified) and qualified.endswith("Loss")
+    """`torch.nn.CrossEntropyLoss`, `torch.nn.MSELoss`, `torch.nn.CosineSimilarity`: a criterion, not a model."""
+    return is_module_class(qualified) and (qualified.endswith("Loss") or qualified.rsplit(".", 1)[-1] in _DISTANCES)
 
 
 def is_model_factory(qualified: str) -> bool:
