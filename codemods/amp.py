@@ -441,7 +441,7 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
             if kept is not None:
                 named = f"`{kept.keyword.value}=`" if kept.keyword is not None else f"`{kept.star}{code_of(kept.value)}`" if kept.star else "a positional argument (the gradient)"
                 raise Problem(node, "AM412", f"backward() with {named}: gradients given or read outside the optimizer would carry the loss scale; write `scaler.scale(loss).backward(...)` by hand and unscale what is read (PyTorch's AMP examples)")
-            if any(isinstance(c, cst.Call) and not isinstance(c.func, cst.Attribute) for c in walk(backward.loss, into_definitions=False)):
+            if self.computes_forward(backward.loss):
                 raise Problem(node, "AM410", "the loss is computed in the backward statement itself: bind it first (`loss = criterion(model(x), y)`, then `loss.backward()`) and run again")
         for call in self.calls_within(unit):
             if self.is_call_to(call, RAW_AUTOGRAD):

@@ -69,8 +69,6 @@ class Regions:
         autocast computes the loss."""
         wanted = self.reads(backward.loss)
         node = backward.call or backward.statement
-        if self.computes_forward(backward.loss):
-            raise Problem(node, "AM410", "the loss is computed in the statement that calls backward(): bind it first (`loss = ...`), then run amp again")
         current = backward.statement
         while True:
             block = self.parent(current)
@@ -81,12 +79,13 @@ class Regions:
             current = self.statement_around(block, node)
 
     def computes_forward(self, loss: Optional[cst.BaseExpression]) -> bool:
-        """`loss` calls a model, a criterion or a functional loss
-        (`F.mse_loss(model(x), y).backward()`): no statement before the
+        """`loss` calls a function, a model, a criterion or a functional loss
+        (`F.mse_loss(self.model(x), y).backward()`): no statement before the
         backward computes it, and none can go under autocast without it."""
         return loss is not None and any(
             isinstance(call, cst.Call) and (
-                self.script.kind_of(call.func) in ("model", "criterion")
+                not isinstance(call.func, cst.Attribute)
+                or self.script.kind_of(call.func) in ("model", "criterion")
                 or any(n.startswith("torch.nn.functional.") for n in self.script.qualified_names(call.func))
             )
             for call in walk(loss, into_definitions=False)
