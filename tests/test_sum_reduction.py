@@ -224,6 +224,22 @@ READINGS = {
             loss = criterion(model(x), y)
             loss.backward()
     """),
+    "a mean plus a weight penalty summed over the parameters": (MEAN, """
+        for x, y in loader:
+            penalty = 0
+            for weight in model.parameters():
+                penalty += torch.mean(torch.sum(weight ** 2))
+            loss = F.mse_loss(model(x), y) + 1e-3 * penalty
+            loss.backward()
+    """),
+    "a sum plus a weight penalty": (SUM, """
+        for x, y in loader:
+            penalty = 0
+            for weight in model.parameters():
+                penalty = penalty + weight.pow(2).sum()
+            loss = F.mse_loss(model(x), y, reduction='sum') + 0.5 * penalty
+            loss.backward()
+    """),
     "reduction= named by a constant of the file": (SUM, """
         REDUCTION = 'sum'
         criterion = nn.CrossEntropyLoss(reduction=REDUCTION)

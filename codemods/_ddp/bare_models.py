@@ -114,6 +114,8 @@ class BareModelWrapping(ModelAliases, UnusedParameters, ModelReferences):
         and the block around it moves the model later (`model =
         model.to(device)`), the wrap goes after that move: it wraps the model
         of either branch."""
+        while isinstance(self.parent(anchor), cst.If):  # an `elif`: the statement in the block is its whole `if`
+            anchor = self.parent(anchor)
         block = self.parent(anchor)
         body = list(block.body)
         last = anchor

@@ -20,6 +20,9 @@ module answers which one a script's loss is, by meaning:
   `batch_size`) is a mean; names followed to what the file assigns them
   (`loss += ...` included), functions of the file (and lambdas) to what
   they return, a `reduction=` name to the string the file binds it to;
+- a term computed from the model's parameters alone (a weight penalty
+  summed over `for p in model.parameters()`) is the same on every rank and
+  in every part of a batch: beside a loss, it leaves the loss's reduction;
 - Python's `sum(...)` of losses: of terms written out (`sum([a, b])`), their
   sum; of terms a loop makes (`sum(F.mse_loss(o, t) for o, t in zip(out,
   y))`) or a list collects (`sum(losses)`), UNCLEAR unless the loop ranges
@@ -49,9 +52,10 @@ from .scopes import Binding
 MEAN, SUM, UNCLEAR = "mean", "sum", "unclear"
 # What the reading meets besides MEAN, SUM and UNCLEAR (internal): a tensor
 # with a value per sample, a number that does not depend on the batch, the
-# batch's size, a DataLoader's data set (whose length is a constant), and a
-# criterion object that reduces as it says.
-PER_SAMPLE, CONSTANT, BATCH, DATASET = "per-sample", "constant", "batch size", "data set"
+# batch's size, a DataLoader's data set (whose length is a constant), a value
+# computed from the model's parameters alone, and a criterion object that
+# reduces as it says.
+PER_SAMPLE, CONSTANT, BATCH, DATASET, WEIGHTS = "per-sample", "constant", "batch size", "data set", "weights"
 CRITERION = "criterion:"
 LOSSES = (MEAN, SUM)
 REDUCTIONS = {"mean": MEAN, "batchmean": MEAN, "sum": SUM, "none": PER_SAMPLE}
@@ -173,6 +177,8 @@ class _Reading:
         if binding.kind == "assign" and isinstance(binding.statement, cst.Assign):  # unpacking
             return PER_SAMPLE if self.value(binding.statement.value, {}, depth + 1) == PER_SAMPLE else None
         if binding.kind == "for" and isinstance(binding.statement, cst.For):
+            if _method(binding.statement.iter) == "parameters" and isinstance(binding.statement.target, cst.Name):
+                return WEIGHTS  # `for theta in model.parameters():`
             return PER_SAMPLE if self._iterates_loader(binding.statement.iter) else None
         if binding.kind == "param":
             return self._parameter(binding, depth)
@@ -212,7 +218,7 @@ class _Reading:
         if method in ELEMENTWISE or any(n.rpartition(".")[2] in ELEMENTWISE for n in names if n.startswith("torch.")):
             operand = call.func.value if method in ELEMENTWISE else (_positional(call)[0] if _positional(call) else None)
             inner = self.value(operand, env, depth + 1) if operand is not None else None
-            return inner if inner in (PER_SAMPLE, MEAN, SUM) or (inner or "").startswith(CRITERION) else None
+            return inner if inner in (PER_SAMPLE, MEAN, SUM, WEIGHTS) or (inner or "").startswith(CRITERION) else None
         if names & {"builtins.float", "builtins.int"} and len(call.args) == 1:
             return CONSTANT if self.value(call.args[0].value, env, depth + 1) == CONSTANT else None
         if "builtins.sum" in names and _positional(call) and not has_star_args(call):
@@ -387,7 +393,7 @@ def _reduced(reduction: str, node: cst.BaseExpression, inner: Optional[str]) -> 
     """`.mean()` / `.sum()` of all of `node`'s elements: of a per-sample tensor
     (or arithmetic whose terms cannot be told), the reduction itself; of a loss
     already reduced, that loss (a scalar's mean or sum is itself)."""
-    if inner in LOSSES or inner == UNCLEAR:
+    if inner in LOSSES or inner in (UNCLEAR, WEIGHTS):
         return inner
     if inner == PER_SAMPLE or (inner is None and isinstance(node, (cst.BinaryOperation, cst.UnaryOperation))):
         return reduction
@@ -397,6 +403,8 @@ def _reduced(reduction: str, node: cst.BaseExpression, inner: Optional[str]) -> 
 def _arithmetic(operator: cst.BaseBinaryOp, left: Optional[str], right: Optional[str]) -> Optional[str]:
     if UNCLEAR in (left, right):
         return UNCLEAR
+    if WEIGHTS in (left, right) and {left, right} <= {WEIGHTS, CONSTANT}:
+        return WEIGHTS  # `theta ** 2`, `beta * penalty`
     if isinstance(operator, (cst.Add, cst.Subtract)):
         return _added(left, right)
     if isinstance(operator, cst.Multiply):
@@ -416,7 +424,7 @@ def _added(left: Optional[str], right: Optional[str]) -> Optional[str]:
     for loss in LOSSES:
         if loss in (left, right):
             other = right if left == loss else left
-            if other == CONSTANT or (loss == MEAN and other is None):
+            if other in (CONSTANT, WEIGHTS) or (loss == MEAN and other is None):
                 return loss  # a mean beside a term the file does not show: still averaged when divided
             return UNCLEAR
     return None
