@@ -277,7 +277,7 @@ def test_full_precision_casts_reduced_tensors_and_leaves_the_rest(dtype):
     assert full_precision(3.5) == 3.5 and full_precision((single,))[0] is single
 
 
-DEVICE_SOURCES = ["no_device.py", "vae_no_device.py", "args_device.py", "self_device_param.py", "parameters_device.py", "self_optimizer_param.py", "cpu_named_only.py", "self_device_string_from_args.py", "args_device_flag.py", "device_default_redefined.py", "gpu_index_worker.py"]
+DEVICE_SOURCES = ["no_device.py", "vae_no_device.py", "args_device.py", "self_device_param.py", "parameters_device.py", "self_optimizer_param.py", "cpu_named_only.py", "self_device_string_from_args.py", "args_device_flag.py", "device_default_redefined.py", "gpu_index_worker.py", "optimizer_rebinds_module_alias.py"]
 
 
 def migrate_fixture(name: str, tmp_path: Path, source: str | None = None) -> tuple[Path, str]:

@@ -231,6 +231,9 @@ class Resolution:
     def resolve_name(self, name: str, site: cst.CSTNode, kinds: tuple, transparent: tuple = ()) -> Optional[Ref]:
         bindings = self.facts.bindings_of(name, site)
         lines = self.lines_of_kind(bindings, kinds, transparent)
+        if not lines and len(bindings) > 1:  # `import torch.optim as optim`, then `optim = torch.optim.Adam(...)`
+            bindings = self.reaching(bindings, site)
+            lines = self.lines_of_kind(bindings, kinds, transparent)
         if not lines:
             return None
         home = bindings[0].scope
@@ -241,6 +244,20 @@ class Resolution:
         if self.called_before(lines, site, home):
             return None
         return Ref("name", name, home, sorted(lines, key=self.order))
+
+    def reaching(self, bindings: list, site: cst.CSTNode) -> list:
+        """The bindings, in the scope of `site`, whose value may reach it: not
+        one that a later binding, run on every path to `site`, overwrites
+        first (`import torch.optim as optim`, then `optim = torch.optim.Adam(...)`)."""
+        if len(bindings) < 2 or bindings[0].scope is not self.facts.scope_of(site):
+            return bindings
+        lines = [self.line_of(b.node) for b in bindings]
+        overwriting = [line for line in lines if line is not None and self.ends_before(line, site) and self.bound_on_every_path([line], site)]
+        kept = [
+            binding for binding, line in zip(bindings, lines)
+            if line is None or not any(line is not later and self.ends_before(line, later) for later in overwriting)
+        ]
+        return kept or bindings
 
     def bound_on_every_path(self, lines: list, site: cst.CSTNode) -> bool:
         """Some of `lines` runs, before `site`, whichever way the code goes:
