@@ -12,7 +12,7 @@ from .._base import dotted_name, is_docstring, walk
 from ..script import ScriptModel
 from ..script import vocabulary as v
 from ..script.amp_facts import AmpFacts
-from .plan import APEX_INITIALIZE, CPU, MOVES, Problem, Ref, is_block
+from .plan import APEX_INITIALIZE, MOVES, Problem, Ref, is_block
 
 # What an assignment binds, for the codemod: "device", "optimizer", "apex"
 # (`model, optimizer = amp.initialize(...)`), "scheduler", "plain" (a
