@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -55,10 +56,13 @@ class Launch:
     # How many launches work in each folder: a rerun clears only a folder of its own.
     _working_in: dict[Path, int] = {}
 
-    def __init__(self, folder: Path, name: str, command: list[str], env: dict, cwd: Path) -> None:
+    def __init__(self, folder: Path, name: str, command: list[str], env: dict, cwd: Path, outputs: Optional[Path] = None) -> None:
+        """`outputs`: a folder of this launch's own that the run writes into (`--out`), cleared as its
+        working folder is when the run is rerun."""
         self.name = name
         self.stdout_path, self.stderr_path = folder / f"{name}.out", folder / f"{name}.err"
         self._cwd, self._there_before = cwd, set(cwd.iterdir())
+        self._outputs = (outputs, set(outputs.iterdir())) if outputs is not None else None
         Launch._working_in[cwd.resolve()] = Launch._working_in.get(cwd.resolve(), 0) + 1
         self._start = lambda: self._popen(command, env, cwd)
         self._start()
@@ -84,10 +88,12 @@ class Launch:
     def _clear_outputs(self) -> None:
         """Removes what the aborted run wrote into its working folder, where
         no other launch works (in a shared one the new files are theirs too)."""
-        if Launch._working_in[self._cwd.resolve()] > 1:
-            return
-        for path in set(self._cwd.iterdir()) - self._there_before - {self.stdout_path, self.stderr_path}:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        folders = [self._outputs] if self._outputs is not None else []
+        if Launch._working_in[self._cwd.resolve()] == 1:
+            folders.append((self._cwd, self._there_before))
+        for folder, there_before in folders:
+            for path in set(folder.iterdir()) - there_before - {self.stdout_path, self.stderr_path}:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def succeeded(self) -> "Launch":
         assert self.returncode == 0, f"{self.name}: {self.describe()}"

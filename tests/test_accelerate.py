@@ -160,7 +160,7 @@ def runs(tmp_path_factory):
         "shuffled_plain": [sys.executable, str(dp), *parity("shuffled_plain", True)],
         "shuffled_two": on_two(dp, *parity("shuffled_two", True)),
     }
-    started = [Launch(work, name, command, cpu, work) for name, command in launches.items()]
+    started = [Launch(work, name, command, cpu, work, outputs=folders[name]) for name, command in launches.items()]
     return {launch.name: launch.wait().succeeded() for launch in started}, folders
 
 

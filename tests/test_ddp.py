@@ -315,16 +315,16 @@ def runs(tmp_path_factory):
         return [*two, "--force", str(RANK_WEIGHTS), "--", str(folders[name]), str(script), *args]
 
     launches = {
-        "original": Launch(work, "original", watched("original", SCRIPTS / "dp_parity.py", "--out", str(folders["original"]), "--epochs", str(EPOCHS)), env, work),
-        "plain": Launch(work, "plain", [python, str(train), "--out", str(folders["plain"]), "--epochs", str(EPOCHS)], env, work),
-        "ddp": Launch(work, "ddp", watched_on_two("ddp", train, "--out", str(folders["ddp"]), "--epochs", str(EPOCHS)), env, work),
-        "factory-original": Launch(work, "factory-original", watched("factory-original", SCRIPTS / "ddp_optimizer_factory.py"), env, work),
-        "factory-ddp": Launch(work, "factory-ddp", watched_on_two("factory-ddp", factory), env, work),
-        "reload-original": Launch(work, "reload-original", watched("reload-original", SCRIPTS / "ddp_checkpoint_reload.py", "--out", str(folders["reload-original"])), env, work),
-        "reload-ddp": Launch(work, "reload-ddp", watched_on_two("reload-ddp", reload, "--out", str(folders["reload-ddp"])), env, work),
+        "original": Launch(work, "original", watched("original", SCRIPTS / "dp_parity.py", "--out", str(folders["original"]), "--epochs", str(EPOCHS)), env, work, outputs=folders["original"]),
+        "plain": Launch(work, "plain", [python, str(train), "--out", str(folders["plain"]), "--epochs", str(EPOCHS)], env, work, outputs=folders["plain"]),
+        "ddp": Launch(work, "ddp", watched_on_two("ddp", train, "--out", str(folders["ddp"]), "--epochs", str(EPOCHS)), env, work, outputs=folders["ddp"]),
+        "factory-original": Launch(work, "factory-original", watched("factory-original", SCRIPTS / "ddp_optimizer_factory.py"), env, work, outputs=folders["factory-original"]),
+        "factory-ddp": Launch(work, "factory-ddp", watched_on_two("factory-ddp", factory), env, work, outputs=folders["factory-ddp"]),
+        "reload-original": Launch(work, "reload-original", watched("reload-original", SCRIPTS / "ddp_checkpoint_reload.py", "--out", str(folders["reload-original"])), env, work, outputs=folders["reload-original"]),
+        "reload-ddp": Launch(work, "reload-ddp", watched_on_two("reload-ddp", reload, "--out", str(folders["reload-ddp"])), env, work, outputs=folders["reload-ddp"]),
         "seeded-original": Launch(work, "seeded-original", [python, str(SCRIPTS / "ddp_seeded_shuffle.py")], env, work),
         "seeded-plain": Launch(work, "seeded-plain", [python, str(seeded)], env, work),
-        "seeded-ddp": Launch(work, "seeded-ddp", watched_on_two("seeded-ddp", seeded), env, work),
+        "seeded-ddp": Launch(work, "seeded-ddp", watched_on_two("seeded-ddp", seeded), env, work, outputs=folders["seeded-ddp"]),
         "sampler": Launch(work, "sampler", [*two, str(SCRIPTS / "ddp_sampler_check.py")], env, work),
         "shuffled": Launch(
             work, "shuffled",

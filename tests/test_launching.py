@@ -1,6 +1,7 @@
 """The tests' launcher reruns a run that gloo's teardown aborted: in a
 working folder of its own it starts clean, in a shared one it touches
-nothing another launch wrote."""
+nothing another launch wrote, and its own output folder (`--out`) starts
+clean wherever it works."""
 
 import sys
 
@@ -41,3 +42,28 @@ def test_a_rerun_in_a_shared_folder_keeps_what_the_others_wrote(tmp_path):
     second = Launch(tmp_path, "second", [sys.executable, "-c", "print('second')"], cpu_env(), tmp_path)
     assert first.wait().succeeded().stdout == "done\n"
     assert second.wait().succeeded().stdout == "second\n"
+
+
+
+# Writes a checkpoint into its output folder each run, and aborts the first time.
+WRITES_THEN_ABORTS_ONCE = f"""\
+import os, pathlib, sys
+markers, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+(out / f"final-{{os.getpid()}}.pt").write_text("")
+if not (markers / "aborted-once").exists():
+    (markers / "aborted-once").write_text("")
+    sys.stderr.write({TEARDOWN_ABORT!r})
+    sys.exit(134)
+"""
+
+
+def test_a_rerun_clears_its_own_output_folder_in_a_shared_working_folder(tmp_path):
+    script, markers, out = tmp_path / "writes.py", tmp_path / "markers", tmp_path / "out"
+    script.write_text(WRITES_THEN_ABORTS_ONCE)
+    markers.mkdir()
+    out.mkdir()
+    first = Launch(tmp_path, "first", [sys.executable, str(script), str(markers), str(out)], cpu_env(), tmp_path, outputs=out)
+    other = Launch(tmp_path, "other", [sys.executable, "-c", "print('other')"], cpu_env(), tmp_path)
+    first.wait().succeeded()
+    assert other.wait().succeeded().stdout == "other\n"
+    assert len(list(out.iterdir())) == 1  # the rerun's checkpoint alone

@@ -67,6 +67,17 @@ REPRODUCTIONS = [
         "device",
         id="device-captures-a-free-name-device",
     ),
+    pytest.param(
+        # The training step's device is read off the model (`device =
+        # next(model.parameters()).device`); an evaluation that only calls a
+        # method of the model must find it on the first run, not the second.
+        "import torch\nfrom torch import nn\n\nmodel_renamed = nn.DataParallel(nn.Linear(2, 2))\n"
+        "optimizer_renamed = torch.optim.SGD(model_renamed.parameters(), lr=0.1)\n"
+        "for x in loader:\n    loss = model_renamed(x).mean()\n    loss.backward()\n    optimizer_renamed.step()\n"
+        "with torch.no_grad():\n    y = model_renamed.module.generate(x)\n",
+        "main-guard,device,amp",
+        id="evaluation-through-a-method-of-the-model",
+    ),
 ]
 
 

@@ -332,7 +332,10 @@ class Resolution:
         next(model.parameters()).device`, bound right after the model (which
         is bound once and never moved afterwards)."""
         unit = site if isinstance(site, cst.With) else self.unit_of(site)
-        names = {c.func.value for c in self.calls_within(unit) if isinstance(c.func, cst.Name) and self.script.is_model(c.func)}
+        calls = self.calls_within(unit)
+        names = {c.func.value for c in calls if isinstance(c.func, cst.Name) and self.script.is_model(c.func)}
+        if not names:  # `model.module.generate(...)`: a method of the one model it reaches
+            names = {root.value for c in calls if isinstance(root := _root_name(c.func), cst.Name) and root is not c.func and self.script.is_model(root)}
         if len(names) != 1:
             return None
         model = names.pop()
@@ -669,6 +672,13 @@ def _steps_with_argument(klass: cst.ClassDef) -> bool:
             required = [p for p in statement.params.params if p.default is None]
             return len(required) > 1 or any(p.default is None for p in statement.params.kwonly_params)
     return False
+
+
+def _root_name(expression: cst.BaseExpression) -> cst.BaseExpression:
+    """`model` of `model.module.generate`."""
+    while isinstance(expression, cst.Attribute):
+        expression = expression.value
+    return expression
 
 
 def _moves_name(name: str, nodes) -> bool:
