@@ -12,7 +12,7 @@ from .._base import dotted_name, is_docstring, walk
 from ..script import ScriptModel
 from ..script import vocabulary as v
 from ..script.amp_facts import AmpFacts
-from .plan import APEX_INITIALIZE, MOVES, Problem, Ref, is_block
+from .plan import ACCESSORS, APEX_INITIALIZE, MOVES, Problem, Ref, is_block
 
 # What an assignment binds, for the codemod: "device", "optimizer", "apex"
 # (`model, optimizer = amp.initialize(...)`), "scheduler", "plain" (a
@@ -334,8 +334,12 @@ class Resolution:
         unit = site if isinstance(site, cst.With) else self.unit_of(site)
         calls = self.calls_within(unit)
         names = {c.func.value for c in calls if isinstance(c.func, cst.Name) and self.script.is_model(c.func)}
-        if not names:  # `model.module.generate(...)`: a method of the one model it reaches
-            names = {root.value for c in calls if isinstance(root := _root_name(c.func), cst.Name) and root is not c.func and self.script.is_model(root)}
+        if not names and isinstance(site, cst.With):  # an evaluation's `model.module.generate(...)`: a method of the one model it reaches
+            names = {
+                root.value for c in calls
+                if isinstance(c.func, cst.Attribute) and c.func.attr.value not in ACCESSORS
+                and isinstance(root := _root_name(c.func), cst.Name) and self.script.is_model(root)
+            }
         if len(names) != 1:
             return None
         model = names.pop()
