@@ -123,16 +123,35 @@ def test_verify_runs_the_migrated_project_against_the_original(tmp_path):
 HELPERS = FIXTURES / "projects" / "helper_output"
 
 
+def stopping_when_called(folder: Path) -> None:
+    """The stopper's call as the test of an `if` (`if stopper(val, model):
+    break`): its value is tested, not trained through."""
+    (folder / "utils.py").write_text((folder / "utils.py").read_text().replace(
+        "            self.early_stop = self.bad >= self.patience\n",
+        "            self.early_stop = self.bad >= self.patience\n        return self.early_stop\n",
+    ))
+    script = folder / "train.py"
+    script.write_text(script.read_text().replace(
+        "        stopper(val, model)\n        if stopper.early_stop:\n", "        if stopper(val, model):\n",
+    ))
+
+
 @pytest.mark.slow
-def test_a_helper_modules_log_and_checkpoint_are_rank_zeros(tmp_path):
+@pytest.mark.parametrize("tested", [False, True], ids=["called", "tested"])
+def test_a_helper_modules_log_and_checkpoint_are_rank_zeros(tmp_path, tested):
     """utils.py's `log` prints and appends to a file, its EarlyStopping saves
     the best weights: under ddp rank 0 alone does both, the script reads the
     checkpoint back after a barrier, and the helper saves the model itself."""
     original = shutil.copytree(HELPERS, tmp_path / "original")
     project = shutil.copytree(HELPERS, tmp_path / "migrated")
+    if tested:
+        stopping_when_called(original)
+        stopping_when_called(project)
     done = invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
     assert "changed utils.py: ddp" in done.output, done.output
-    for name in ("train.py", "utils.py"):
+    if tested:
+        assert "if rank_zero_decides(stopper(val, unwrap_model(model))):" in (project / "train.py").read_text()
+    for name in () if tested else ("train.py", "utils.py"):
         assert (project / name).read_text() == (EXPECTED.parent.parent / "helper_output" / "ddp" / f"{name[:-3]}.expected.py").read_text()
     assert "0 file(s) changed" in invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project).output
     two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)

@@ -206,6 +206,19 @@ READINGS = {
             loss = sum(losses)
             loss.backward()
     """),
+    "Python's sum of a list a comprehension makes": (UNCLEAR, """
+        for x, y in loader:
+            losses = [F.mse_loss(o, t) for o, t in zip(model(x), y)]
+            loss = sum(losses)
+            loss.backward()
+    """),
+    "Python's sum of a list of terms written out": (MEAN, """
+        for x, y in loader:
+            out = model(x)
+            terms = [F.cross_entropy(out, y), F.nll_loss(out, y)]
+            loss = sum(terms)
+            loss.backward()
+    """),
     "Python's sum of terms written out": (MEAN, """
         for x, y in loader:
             out = model(x)

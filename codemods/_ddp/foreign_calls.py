@@ -55,9 +55,16 @@ class ForeignCalls(HandedLoops):
     def _feeds_backward(self, call: cst.Call) -> bool:
         """The call's value may reach a `backward()`: inside a backward's
         receiver, returned, or bound to a name a backward's loss is computed from."""
-        statement = next((a for a in self.ancestors(call) if isinstance(a, cst.BaseSmallStatement)), None)
+        enclosing, statement = [], None
+        for ancestor in self.ancestors(call):
+            if isinstance(ancestor, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                statement = ancestor
+                break
+            enclosing.append(ancestor)
         if isinstance(statement, cst.Expr) and statement.value is call:
             return False  # its value is dropped
+        if isinstance(statement, (cst.If, cst.While)) and not any(isinstance(a, cst.NamedExpr) for a in enclosing):
+            return False  # tested only (`if early_stopping(val_loss, model):`)
         if not isinstance(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             return True  # returned, yielded, tested: not followed, so kept wrapped
         return bool(_target_names(statement) & self._loss_names(self.script.scope_of(call)))

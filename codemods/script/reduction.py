@@ -244,9 +244,22 @@ class _Reading:
                 fixed = all(self._fixed_range(clause.iter, env, depth) for clause in _clauses(summed.for_in))
                 return term if fixed else UNCLEAR
             return None
-        if isinstance(summed, cst.Name) and any(found in LOSSES or found == UNCLEAR for found in self._collected(summed, depth)):
-            return UNCLEAR
+        if isinstance(summed, cst.Name):
+            collected, listed = self._collected(summed, depth), self._listed(summed, env, depth)
+            if listed and None not in listed and not collected:
+                return _alternatives(listed)  # the list as written: `losses = [a, b]`
+            if any(value in LOSSES or value == UNCLEAR for value in collected + listed):
+                return UNCLEAR
         return None
+
+    def _listed(self, name: cst.Name, env: dict, depth: int) -> list:
+        """What `sum(name)` adds where the file binds `name` to a list it
+        writes out or a comprehension (`losses = [f(o, t) for ...]`)."""
+        return [
+            self._builtin_sum(binding.value, env, depth + 1)
+            for binding in self.script.bindings_of_reference(name)
+            if binding.kind == "assign" and isinstance(binding.value, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
+        ]
 
     def _fixed_range(self, iterable: cst.BaseExpression, env: dict, depth: int) -> bool:
         """`range(3)`, `range(len(heads))` of constants, or a literal list of
