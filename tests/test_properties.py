@@ -78,6 +78,31 @@ REPRODUCTIONS = [
         "main-guard,device,amp",
         id="evaluation-through-a-method-of-the-model",
     ),
+    pytest.param(
+        # One module called under two names (ddp refuses: AM520); compile's
+        # `model = torch.compile(model)` must not hide that `model` is `net`,
+        # or a second run wraps one name and leaves the other's forward bare.
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\nfrom data import train_set\n\n"
+        "net = nn.Linear(4, 1)\nmodel = net\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(train_set, batch_size=16)\nfor epoch in range(3):\n    for xb, yb in loader:\n"
+        "        optimizer.zero_grad()\n        loss = nn.functional.mse_loss(net(xb), yb) + nn.functional.mse_loss(model(xb), yb)\n"
+        "        loss.backward()\n        optimizer.step()\n",
+        "compile,ddp",
+        id="compiled-alias-of-the-model",
+    ),
+    pytest.param(
+        # The student's device cannot be read off it once ddp wraps it; the
+        # teacher's evaluation binds `device` off the teacher, which a second
+        # run finds in reach of the step: the first run must read it too.
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\nfrom data import images, load_teacher\n\n"
+        "teacher = nn.DataParallel(load_teacher()).eval()\nstudent = nn.DataParallel(nn.Linear(784, 10))\n"
+        "optimizer = torch.optim.SGD(student.parameters(), lr=0.1)\nloader = DataLoader(images, batch_size=256)\n"
+        "for epoch in range(10):\n    for x, _ in loader:\n        with torch.no_grad():\n            soft = teacher(x).softmax(1)\n"
+        "        loss = nn.functional.kl_div(student(x).log_softmax(1), soft, reduction=\"batchmean\")\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n",
+        "ddp,amp",
+        id="teacher-device-read-by-the-student-step",
+    ),
 ]
 
 

@@ -323,7 +323,26 @@ class Resolution:
                 ref = self.resolve_ref(cst.Attribute(value=cst.Name(owner[1]), attr=cst.Name(attr)), site, ("device",))
                 if ref is not None:
                     return self.where_computed(self.devices.setdefault(ref.key, ref))
-        return self.device_parameter_at(site) or self.config_device_at(site) or self.cpu_only() or self.model_device_at(site)
+        return (
+            self.device_parameter_at(site) or self.config_device_at(site) or self.cpu_only() or self.model_device_at(site)
+            or self.evaluated_model_device_before(site)
+        )
+
+    def evaluated_model_device_before(self, site: cst.CSTNode) -> Optional[Ref]:
+        """The device of a model that an evaluation block in the same scope
+        computes with (a teacher's soft targets), bound where that model is
+        bound, before `site`: the step's loss reads what that model computed,
+        so it computes on the same device; the evaluation binds it anyway, and
+        a second run would find it bound."""
+        scope = self.facts.scope_of(site)
+        for region in self.script.evaluation:
+            node = region.node
+            if not isinstance(node, cst.With) or self.facts.scope_of(node) is not scope or not self.is_evaluation_block(node):
+                continue
+            ref = self.model_device_at(node)
+            if ref is not None and ref.home is scope and all(self.ends_before(anchor, site) for anchor in ref.bindings):
+                return ref
+        return None
 
     def model_device_at(self, site: cst.CSTNode) -> Optional[Ref]:
         """Where no device is bound (`.cuda(args.gpu)` on the model, or

@@ -16,23 +16,28 @@ from ..script import vocabulary as v
 from .common import CannotMigrate, Var
 from .queries import ScriptQueries
 
+COMPILE = frozenset({"torch.compile"})
+
 
 class ModelAliases(ScriptQueries):
     """Finds the other names of a trained model, and the one training calls."""
 
     def _moved_var(self, expression: cst.BaseExpression) -> Optional[Var]:
-        """The variable of `net`, `net.to(device)` or `net.cuda().float()`."""
-        while (
-            isinstance(expression, cst.Call)
-            and isinstance(expression.func, cst.Attribute)
-            and expression.func.attr.value in v.SELF_RETURNING_MODULE_METHODS
-        ):
-            expression = expression.func.value
+        """The variable of `net`, `net.to(device)`, `net.cuda().float()` or
+        `torch.compile(net)` (which runs the same module's parameters)."""
+        while isinstance(expression, cst.Call):
+            if isinstance(expression.func, cst.Attribute) and expression.func.attr.value in v.SELF_RETURNING_MODULE_METHODS:
+                expression = expression.func.value
+            elif self.is_call_to(expression, COMPILE) and expression.args and expression.args[0].keyword is None:
+                expression = expression.args[0].value
+            else:
+                break
         return self._var_of(expression)
 
     def _alias_source(self, var: Var) -> Optional[Var]:
-        """`net` for a `model` whose every binding is `model = net[.to(...)]`."""
-        sources = {self._moved_var(b.value) for b in self._bindings_of_var(var) if b.value is not None}
+        """`net` for a `model` whose every binding is `model = net[.to(...)]`
+        (or rebinds `model` itself: `model = torch.compile(model)`)."""
+        sources = {self._moved_var(b.value) for b in self._bindings_of_var(var) if b.value is not None} - {var}
         bindings = self._bindings_of_var(var)
         if len(sources) != 1 or len(bindings) != len([b for b in bindings if self._is_plain_assignment(b)]):
             return None
