@@ -211,6 +211,13 @@ Left alone (with a finding that says what to do by hand)
     - apex as a whole when one of its uses has no native equivalent
       (`amp.register_float_function`, ...: AM416).
 
+    A fill constant that float16 cannot hold (`scores.masked_fill(mask ==
+    0, -1e9)` in attention) raises under float16 autocast: where amp adds
+    autocast to the file, and in the methods of the file's nn.Module
+    classes, it becomes `torch.finfo(scores.dtype).min` (AM419), which
+    masks alike after a softmax in every dtype; a fill of an unnamed value
+    (a call's result) is a finding.
+
     Notes (`check --show-notes`): AM405, AM406 and AM407 say what a
     migration does alongside AM401 (the scaler's state in checkpoints,
     unscaling before clipping, casts back for numpy: one AM407 per file).
@@ -241,6 +248,7 @@ from ._amp.edits import AppliesEdits, Edits
 from ._amp.evaluation import Evaluation
 from ._amp.introduced import Introduced
 from ._amp.leaving import Leaving
+from ._amp.masks import MaskConstants
 from ._amp.names import Resolution
 from ._amp.passed import Passed
 from ._amp.received import Received
@@ -253,7 +261,7 @@ from ._base import Codemod, code_of, walk
 from .script.amp_facts import amp_facts
 
 
-class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, Introduced, Placement, Resolution, AppliesEdits, Codemod):
+class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, DeprecatedApi, Leaving, MaskConstants, Introduced, Placement, Resolution, AppliesEdits, Codemod):
     word = "amp"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "mixed precision: torch.autocast around forward and loss, a GradScaler for fp16; apex and torch.cuda.amp migrated"
@@ -265,7 +273,7 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
         "AM404": "deprecated torch.cuda.amp / torch.cpu.amp API",
         "AM405": "checkpoint that needs the GradScaler's state next to the optimizer's",
         "AM406": "gradients clipped or read, which need scaler.unscale_() first",
-        "AM407": "values computed under autocast that reach numpy, which has no bfloat16",
+        "AM407": "values computed under autocast that reach numpy or an image writer, which have no bfloat16",
         "AM408": "training step in mixed precision already (its own torch.autocast or GradScaler): left as it is",
         "AM410": "backward whose forward, loss or step is out of view: add autocast and a GradScaler by hand",
         "AM411": "optimizer.step(closure): add autocast and a GradScaler by hand",
@@ -276,6 +284,7 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
         "AM416": "apex usage without a native equivalent: apex left in place",
         "AM417": "checkpoint that saves the optimizer but not the GradScaler",
         "AM418": "loss that torch refuses under autocast (binary cross-entropy on probabilities)",
+        "AM419": "fill constant that float16 cannot hold (`masked_fill(mask, -1e9)`)",
     }
     # What a migration does alongside AM401 (the scaler's state in checkpoints,
     # unscaling before clipping, casts back for numpy), and a step it leaves
@@ -284,10 +293,11 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
     notes = frozenset({"AM405", "AM406", "AM407", "AM408"})
     # Every spelling of what this codemod matches contains one of these: a
     # training step ("backward"), an evaluation block, or the old AMP APIs,
-    # which are reached through `.amp`, apex, or one of their names.
+    # which are reached through `.amp`, apex, or one of their names; a fill
+    # that float16 cannot hold (a model module's `masked_fill`).
     triggers = (
         "backward", "no_grad", "inference_mode",
-        ".amp", "apex", "autocast", "GradScaler", "custom_fwd", "custom_bwd",
+        ".amp", "apex", "autocast", "GradScaler", "custom_fwd", "custom_bwd", "masked_fill",
     )
 
 
@@ -326,6 +336,7 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
         self.plan_checkpoints(plans)
         self.plan_deprecated()
         self.plan_leaving()
+        self.plan_masks()
         self.commit_bindings()
         return True
 

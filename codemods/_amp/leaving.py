@@ -1,6 +1,7 @@
 """Values that leave an autocast region for numpy: bfloat16 has no numpy
-dtype, so `output.cpu().numpy()` (and numpy, scikit-learn, matplotlib or
-pandas reading such a tensor) fails where the original float32 value passed.
+dtype, so `output.cpu().numpy()` (and numpy, scikit-learn, matplotlib,
+pandas or an image writer such as torchvision's `save_image` reading such a
+tensor) fails where the original float32 value passed.
 The codemod casts them back with the runtime's `full_precision(...)` (a
 float16 or bfloat16 tensor as float32; anything else unchanged), only where
 a value computed under an autocast it added reaches such a call: followed
@@ -18,8 +19,14 @@ from .._base import dotted_name, walk
 from .plan import PRECISION, method_call, without_parens
 
 FULL_PRECISION = f"{PRECISION}.full_precision"
-# Libraries that turn a tensor into a numpy array (`np.asarray`, `__array__`).
-NUMPY_READERS = ("numpy.", "sklearn.", "matplotlib.", "scipy.", "pandas.", "seaborn.")
+# Libraries that turn a tensor into a numpy array (`np.asarray`, `__array__`),
+# image writers among them (torchvision's `save_image` and `to_pil_image`).
+NUMPY_READERS = (
+    "numpy.", "sklearn.", "matplotlib.", "scipy.", "pandas.", "seaborn.", "PIL.", "imageio.", "cv2.", "skimage.",
+    "torchvision.utils.", "torchvision.transforms.functional.to_pil_image", "torchvision.transforms.v2.functional.to_pil_image",
+)
+# Transforms whose instances convert a tensor they are called on (`ToPILImage()(x)`).
+NUMPY_READER_CLASSES = frozenset({"torchvision.transforms.ToPILImage", "torchvision.transforms.transforms.ToPILImage", "torchvision.transforms.v2.ToPILImage"})
 # Calls whose result is no longer a reduced-precision tensor.
 CONVERTS = frozenset({"item", "tolist", "numpy", "size", "dim", "numel", "float", "double", "long", "int", "bool", "argmax", "argmin"})
 NOT_TENSORS = frozenset({"shape", "dtype", "device", "ndim"})
@@ -40,7 +47,7 @@ class Leaving:
                 self.cast_what_leaves(call, names)
         if self.casts_to_numpy:
             self.import_runtime("full_precision")
-            self.fix(min(self.casts_to_numpy, key=self.order), "AM407", f"{len(self.casts_to_numpy)} value(s) computed under autocast cast back to float32 with full_precision() where they reach numpy (bfloat16 has no numpy dtype; a no-op in float32)")
+            self.fix(min(self.casts_to_numpy, key=self.order), "AM407", f"{len(self.casts_to_numpy)} value(s) computed under autocast cast back to float32 with full_precision() where they reach numpy or an image writer (bfloat16 has no numpy dtype; a no-op in float32)")
 
     def calls_of(self, scope) -> list:
         """The calls the code of `scope` makes, its lambdas and comprehensions included."""
@@ -146,13 +153,20 @@ class Leaving:
             self.edits.replace[call] = lambda updated: updated.with_changes(func=updated.func.with_changes(value=self.full_precision(updated.func.value)))
             self.note_cast(call)
             return
-        if any(name.startswith(NUMPY_READERS) for name in self.qualified_names(call.func)):
+        if self._reads_as_numpy(call):
             positions = [i for i, arg in enumerate(call.args) if not arg.star and self.carries(arg.value, names)]
             if positions:
                 self.edits.replace[call] = lambda updated, positions=positions: updated.with_changes(
                     args=[a.with_changes(value=self.full_precision(a.value)) if i in positions else a for i, a in enumerate(updated.args)]
                 )
                 self.note_cast(call)
+
+    def _reads_as_numpy(self, call: cst.Call) -> bool:
+        """A call of a library that reads a tensor as a numpy array, or of a
+        converter made in place (`ToPILImage()(sample)`)."""
+        if any(name.startswith(NUMPY_READERS) for name in self.qualified_names(call.func)):
+            return True
+        return isinstance(call.func, cst.Call) and self.is_call_to(call.func, NUMPY_READER_CLASSES)
 
     def note_cast(self, call: cst.Call) -> None:
         self.casts_to_numpy.append(call)

@@ -63,9 +63,9 @@ def _device(f: SourceFacts) -> bool:
 
 def _amp(f: SourceFacts) -> bool:
     """A backward call (a training step), a no_grad/inference_mode region
-    (evaluation), or any mixed-precision API (autocast, GradScaler,
-    torch.cuda.amp, apex)."""
-    return f.backward_calls > 0 or f.no_grad or f.mixed_precision
+    (evaluation), any mixed-precision API (autocast, GradScaler,
+    torch.cuda.amp, apex), or a `masked_fill` (a model's fill constant)."""
+    return f.backward_calls > 0 or f.no_grad or f.mixed_precision or f.method_calls.get("masked_fill", 0) + f.method_calls.get("masked_fill_", 0) > 0
 
 
 def _ddp(f: SourceFacts) -> bool:
