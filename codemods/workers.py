@@ -126,9 +126,12 @@ Left alone (with a finding that says what to do)
       attribute set on it, e.g. `train_set.set_epoch(epoch)`): workers hold
       their own copy and would not see the change.
     - AM107 (a note, shown by `check --show-notes`): a dataset of tensors
-      already in memory (`TensorDataset`), where workers only add copies
-      between processes (iterating one is several times slower with two
-      workers than without). Silencing it with `skip[AM107]` keeps the loader
+      already in memory (`TensorDataset`, or a class of the file whose
+      `__getitem__` only indexes, slices and converts what it holds: no
+      file read, decoding, transform or method of its own), where workers
+      only add their start at every epoch and copies between processes
+      (iterating one is several times slower with two workers than
+      without). Silencing it with `skip[AM107]` keeps the loader
       as it is; set `num_workers` by hand to have workers anyway.
     - AM108: a dataset class of this file that puts tensors on the GPU,
       which worker processes cannot do.

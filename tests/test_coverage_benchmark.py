@@ -13,12 +13,15 @@ coverage = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(coverage)
 
 
+IN_MEMORY = [FIXTURES / "workers" / "in_memory_tensors.py", FIXTURES / "workers" / "in_memory_windows.py"]
+
+
 def test_fixes_refusals_and_notes_are_counted_apart():
-    tallies = coverage.tally([FIXTURES / "workers" / "in_memory_tensors.py"])
+    tallies = coverage.tally(IN_MEMORY)
     workers = tallies["workers"]
-    assert (workers.files, workers.migrated) == (1, 1)
+    assert (workers.files, workers.migrated) == (2, 1)
     assert dict(workers.left) == {"AM108": 1}
-    assert dict(workers.notes) == {"AM107": 2}
+    assert dict(workers.notes) == {"AM107": 4}
     assert tallies["item"].files == 0  # no backward: nothing for it
 
 
@@ -28,7 +31,7 @@ def test_a_word_that_needs_a_value_gets_one():
 
 
 def test_the_table_has_a_row_per_codemod():
-    tallies = coverage.tally([FIXTURES / "workers" / "in_memory_tensors.py"])
-    text = coverage.table("Inputs", tallies, 1)
-    assert "| `workers` | 1 | 1 | 1 | 50% | AM108 1 | AM107 2 |" in text
+    tallies = coverage.tally(IN_MEMORY)
+    text = coverage.table("Inputs", tallies, 2)
+    assert "| `workers` | 2 | 1 | 1 | 50% | AM108 1 | AM107 4 |" in text
     assert text.count("\n| `") == len(tallies)

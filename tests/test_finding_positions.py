@@ -21,7 +21,7 @@ FLAT = textwrap.dedent(
             return 256
 
         def __getitem__(self, index):
-            x = torch.tensor([index / 256.0])
+            x = torch.tensor([float(open(f"squares/{index}.txt").read())])  # each item read from its own file
             return x, x**2
 
 

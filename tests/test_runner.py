@@ -349,7 +349,8 @@ class Squares(Dataset):
         return 64
 
     def __getitem__(self, index):
-        return torch.tensor([float(index)]), torch.tensor([float(index) ** 2])
+        x = torch.tensor([float(open(f"squares/{index}.txt").read())])  # each item read from its own file
+        return x, x**2
 
 
 def main():
@@ -371,7 +372,7 @@ def test_the_tool_side_works_without_torch(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LOADER_SCRIPT)
     checked = run_cli_without_torch("check", str(script), "--to", "workers")
-    assert checked.returncode == 1 and f"{script}:16:" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode == 1 and f"{script}:17:" in checked.stdout, checked.stdout + checked.stderr
     applied = run_cli_without_torch("apply", str(script), "--to", "workers", cwd=tmp_path)
     assert applied.returncode == 0, applied.stderr
     assert "num_workers=" in script.read_text()

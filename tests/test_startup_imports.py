@@ -105,4 +105,4 @@ def test_a_lazy_command_is_imported_when_its_help_is_asked(tmp_path):
 def test_training_script_check_still_finds_what_it_did(tmp_path):
     done, heavy = modules_after("check", str(ROOT / "fixtures" / "scripts" / "char_lstm.py"), cwd=tmp_path)
     assert done.returncode == 1
-    assert "AM101" in done.stdout and "libcst" in heavy and "torch" not in heavy
+    assert "AM201" in done.stdout and "libcst" in heavy and "torch" not in heavy

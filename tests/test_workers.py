@@ -321,19 +321,6 @@ def lines_starting(output: str, prefix: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_migrated_script_prints_the_same_numbers(tmp_path):
-    """Same samples, same order, same arithmetic in every epoch."""
-    script = SCRIPTS / "char_lstm.py"
-    migrated = migrate_script(script, tmp_path)
-    original_run = run_python(script, "--epochs", "2")
-    migrated_run = run_python(migrated, "--epochs", "2")
-    assert original_run.returncode == 0, original_run.stderr
-    assert migrated_run.returncode == 0, migrated_run.stderr
-    assert lines_starting(original_run.stdout, "epoch 1 ")
-    assert migrated_run.stdout == original_run.stdout
-
-
-@pytest.mark.slow
 def test_migrated_script_works_with_spawned_workers(tmp_path):
     """What macOS and Windows do: workers are spawned and re-import the script."""
     script = tmp_path / "spawned.py"
@@ -343,12 +330,18 @@ def test_migrated_script_works_with_spawned_workers(tmp_path):
         from torch.utils.data import DataLoader, Dataset
 
 
+        def decode(value, source=__file__):
+            with open(source, "rb") as stream:  # each item's own read
+                stream.read(16)
+            return torch.tensor([float(value)])
+
+
         class Squares(Dataset):
             def __len__(self):
                 return 40
 
             def __getitem__(self, i):
-                return torch.tensor([float(i * i)])
+                return decode(i * i)
 
 
         def collate(batch):
@@ -565,6 +558,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 
+def augment(point, source=__file__):
+    with open(source, "rb") as stream:  # each item's own work (reading, decoding): here, a read
+        stream.read(16)
+    return point.clone()
+
+
 class Points(Dataset):
     def __init__(self, count, seed):
         generator = torch.Generator().manual_seed(seed)
@@ -575,7 +574,7 @@ class Points(Dataset):
         return len(self.y)
 
     def __getitem__(self, index):
-        return self.x[index], self.y[index]
+        return augment(self.x[index]), self.y[index]
 
 
 def main():

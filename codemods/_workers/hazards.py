@@ -28,6 +28,21 @@ ITERABLE_BASES = ITERABLE_DATASET_BASES | {
 ITERABLE_FACTORIES = {"torch.utils.data.ChainDataset", "torch.utils.data.dataset.ChainDataset"}
 ITERABLE_FACTORY_PREFIXES = ("torch.utils.data.datapipes.", "torchdata.datapipes.", "torchtext.datasets.")
 TENSOR_DATASET = {"torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset"}
+# What an item computed from data held in memory may call: Python's, torch's,
+# numpy's and math's functions, but none that reads a file; tensor and array
+# methods of arithmetic, shape and conversion.
+IN_MEMORY_MODULES = ("builtins.", "torch.", "numpy.", "math.")
+READERS = frozenset({"open", "load", "loadtxt", "genfromtxt", "fromfile", "memmap", "read_file", "decode_image", "read_image", "input"})
+TENSOR_METHODS = frozenset(
+    {"long", "float", "int", "double", "bool", "half", "clone", "copy", "view", "reshape", "unsqueeze", "squeeze", "flatten",
+     "permute", "transpose", "contiguous", "item", "tolist", "astype", "numpy", "sum", "mean", "abs", "exp", "log", "sin", "cos",
+     "sqrt", "pow", "clamp", "flip", "roll", "split", "chunk", "index_select", "masked_select", "type", "to", "cpu"}
+)  # fmt: skip
+FOLLOW_DEPTH = 4  # names, parameters and functions followed back to where a dataset is made
+# Datasets made of the parts of others (held where those are).
+SPLITS = frozenset(
+    f"torch.utils.data{module}.{name}" for module in ("", ".dataset") for name in ("random_split", "Subset", "ConcatDataset")
+)
 GET_WORKER_INFO = {"torch.utils.data.get_worker_info", "torch.utils.data._utils.worker.get_worker_info"}
 
 # DataLoader's parameters that may be passed by position, in order.
@@ -113,6 +128,12 @@ class LoaderHazards(Codemod):
             problem = self._constructor_problem(call, made_by)
             if problem and problem not in found:
                 found.append(problem)
+        in_memory = self._held_in_memory(dataset) if not found else None
+        if in_memory is not None:
+            found.append(("AM107", (
+                f"left without workers: {in_memory}, so a batch costs less than starting worker processes at every "
+                f"epoch and copying their batches back"
+            )))
         changed = self.facts.change_after(call, dataset)
         if changed is not None:
             line = self.get_metadata(PositionProvider, changed).start.line
@@ -126,11 +147,6 @@ class LoaderHazards(Codemod):
 
     def _constructor_problem(self, loader: cst.Call, made_by: cst.Call) -> Optional[tuple[str, str]]:
         names = self.qualified_names(made_by.func)
-        if names & TENSOR_DATASET:
-            return ("AM107", (
-                "left without workers: the dataset is tensors already in memory (TensorDataset), so worker "
-                "processes would only add copies between processes"
-            ))
         if names & ITERABLE_FACTORIES or any(n.startswith(ITERABLE_FACTORY_PREFIXES) for n in names):
             return ("AM103", _iterable_message(_short_code(made_by.func)))
         for cls in self.facts.classes_of(made_by.func):
@@ -164,6 +180,104 @@ class LoaderHazards(Codemod):
             yield call
             for function in self.facts.functions_of(call.func):
                 yield from (r.value for r in walk(function) if isinstance(r, cst.Return) and isinstance(r.value, cst.Call))
+
+    def _held_in_memory(self, dataset: cst.BaseExpression) -> Optional[str]:
+        """What the dataset is, as a phrase, when every value it may hold is
+        made in memory: a TensorDataset, or a class of the file whose items
+        are computed from what it holds (see `_computes_items_in_memory`).
+        None where one of them is not, or cannot be followed."""
+        made = self._made_by(dataset, FOLLOW_DEPTH)
+        if not made:
+            return None
+        said = []
+        for call in made:
+            names = self.qualified_names(call.func)
+            if names & TENSOR_DATASET:
+                said.append("the dataset is tensors already in memory (TensorDataset)")
+                continue
+            if names and all(n.startswith("torch.") and not n.startswith("torch.utils.") and n.rpartition(".")[2] not in READERS for n in names):
+                said.append("the dataset is a tensor already in memory")
+                continue
+            classes = self.facts.classes_of(call.func)
+            family = list(self.facts.class_family(classes[0])) if len(classes) == 1 else []
+            if not family or not self._computes_items_in_memory(family):
+                return None
+            said.append(f"dataset class {classes[0].name.value} computes each item from data it holds in memory")
+        return "; ".join(dict.fromkeys(said))
+
+    def _made_by(self, value: cst.BaseExpression, depth: int) -> Optional[list[cst.Call]]:
+        """The calls that make every value `value` may hold: followed through
+        plain assignments, the file's functions that return it, and a
+        parameter to what every call of its function passes (a trainer's
+        `fit(self, dataset)`). None where a value cannot be followed."""
+        if depth < 0:
+            return None
+        if isinstance(value, (cst.Integer, cst.Float)):
+            return []
+        if isinstance(value, cst.BinaryOperation):  # `torch.randn(96, 2) * 0.3 + 2.0`
+            return self._all_made_by([value.left, value.right], depth)
+        if isinstance(value, cst.Call) and self.qualified_names(value.func) & SPLITS and value.args:
+            first = value.args[0].value  # `random_split(TensorDataset(x, y), [200, 40])`: parts of that dataset
+            return self._all_made_by([e.value for e in first.elements] if isinstance(first, (cst.List, cst.Tuple)) else [first], depth - 1)
+        if isinstance(value, cst.Call):
+            functions = self.facts.functions_of(value.func)
+            if not functions:
+                return [value]
+            returns = [r.value for f in functions for r in walk(f) if isinstance(r, cst.Return)]
+            return self._all_made_by(returns, depth - 1)
+        if not isinstance(value, cst.Name):
+            return None
+        bindings = self.script.bindings_of(value.value, value)
+        values = []
+        for binding in bindings:
+            if binding.kind == "assign" and binding.value is not None and isinstance(binding.node, cst.Name):
+                values.append(binding.value)
+            elif binding.kind == "assign" and _unpacks_a_split(binding.statement):  # `train_set, val_set = random_split(...)`
+                values.append(binding.statement.value)
+            elif binding.kind == "assign" and _paired(binding) is not None:  # `train_set, val_set = Images(1000), Images(100)`
+                values.append(_paired(binding))
+            elif binding.kind == "param":
+                function = self.script.flow.functions.get(binding.scope.node)
+                sites = function.callers if function is not None else []
+                if not sites or not all(site.complete and binding.name in site.arguments for site in sites):
+                    return None
+                values += [site.arguments[binding.name] for site in sites]
+            else:
+                return None
+        return self._all_made_by(values, depth - 1) if bindings else None
+
+    def _all_made_by(self, values: list, depth: int) -> Optional[list[cst.Call]]:
+        found = [self._made_by(v, depth) if v is not None else None for v in values]
+        return None if not found or None in found else [call for calls in found for call in calls]
+
+    def _computes_items_in_memory(self, family: Sequence[cst.ClassDef]) -> bool:
+        """The class's own `__getitem__` (the first in its family) reads
+        nothing from outside and runs nothing of its own: it calls Python's
+        functions (not `open`), torch's, numpy's and math's (not their
+        readers) and tensor methods of arithmetic and conversion; no
+        transform, decoder, tokenizer or method of the dataset."""
+        getitem = next((f for c in family for f in c.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__getitem__"), None)
+        return getitem is not None and not self._is_iterable(family) and self._computes_in_memory(getitem, FOLLOW_DEPTH)
+
+    def _computes_in_memory(self, function: cst.FunctionDef, depth: int) -> bool:
+        """No loop (work repeated per item: a decoder's, a filter's passes)
+        and no call but those above, or of a function of the file that
+        computes the same way."""
+        for node in walk(function.body):
+            if isinstance(node, (cst.For, cst.While, cst.BaseComp)):
+                return False
+            if isinstance(node, cst.Call) and not self._call_in_memory(node, depth):
+                return False
+        return True
+
+    def _call_in_memory(self, call: cst.Call, depth: int) -> bool:
+        names = self.qualified_names(call.func)
+        if names and all(name.startswith(IN_MEMORY_MODULES) and name.rpartition(".")[2] not in READERS for name in names):
+            return True
+        callee = self.script.flow.callee(call, self.script.scope_of(call)) if depth else None
+        if callee is not None:
+            return self._computes_in_memory(callee[0].node, depth - 1)
+        return isinstance(call.func, cst.Attribute) and call.func.attr.value in TENSOR_METHODS
 
     def _is_iterable(self, family: Sequence[cst.ClassDef]) -> bool:
         return any(self.qualified_names(base.value) & ITERABLE_BASES for cls in family for base in cls.bases)
@@ -235,3 +349,21 @@ def _change_code(change: cst.CSTNode) -> str:
 def _short_code(node: cst.CSTNode, limit: int = 60) -> str:
     text = " ".join(cst.Module([]).code_for_node(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _unpacks_a_split(statement: Optional[cst.CSTNode]) -> bool:
+    return (
+        isinstance(statement, cst.Assign) and len(statement.targets) == 1
+        and isinstance(statement.targets[0].target, (cst.Tuple, cst.List)) and isinstance(statement.value, cst.Call)
+    )
+
+
+def _paired(binding) -> Optional[cst.BaseExpression]:
+    """The value a name of `a, b = x, y` is given (`x` for `a`)."""
+    statement = binding.statement
+    if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1):
+        return None
+    target, value = statement.targets[0].target, statement.value
+    if not (isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(value.elements)):
+        return None
+    return next((v.value for t, v in zip(target.elements, value.elements) if t.value is binding.node and not isinstance(v, cst.StarredElement)), None)
