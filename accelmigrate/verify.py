@@ -117,6 +117,15 @@ class MigratedCopy:
     migrated: SourceText
     words: dict[str, dict[str, str]]
     modules: dict[Path, SourceText]
+    notes: list = dataclasses.field(default_factory=list)  # (file name, Finding): the migration's notes
+
+
+# The migration's notes that announce a difference from the one-process run,
+# by what makes it: a batch shared out unevenly, statistics or random draws
+# computed on each part of a split batch.
+UNEVEN_NOTES = frozenset({"AM536", "AM811", "AM911"})
+STATISTICS_NOTES = frozenset({"AM538", "AM614", "AM817", "AM917"})
+DRAW_NOTES = frozenset({"AM535", "AM816", "AM916"})
 
 
 def migrated_copy(script: Path, words_spec: Optional[str]) -> MigratedCopy:
@@ -134,7 +143,9 @@ def migrated_copy(script: Path, words_spec: Optional[str]) -> MigratedCopy:
     own = results[0]  # the named file comes first, the modules it reaches after it
     modules = {Path(r.path).resolve(): SourceText(r.migrated, r.encoding) for r in results[1:] if r.changed}
     words = {word: dict(options) for word, options in plan}
-    return MigratedCopy(source, SourceText(own.migrated or source.text, source.encoding), words, modules)
+    explaining = UNEVEN_NOTES | STATISTICS_NOTES | DRAW_NOTES
+    notes = [(Path(r.path).name, f) for r in results for f in r.findings if f.code in explaining]
+    return MigratedCopy(source, SourceText(own.migrated or source.text, source.encoding), words, modules, notes)
 
 
 def _environment(steps: int, batch_scale: int = 1, map_cuda: bool = False) -> dict[str, str]:
@@ -203,7 +214,8 @@ def merge_ranks(records: list[dict], summed: bool = False) -> list[dict]:
             default=0.0,
         )
         loss = sum(losses) / (1 if summed else len(losses)) if losses else None
-        merged.append({**step, "loss": loss, "rank_spread": spread, "ranks": len(peers)})
+        samples = [p.get("samples") for p in peers]
+        merged.append({**step, "loss": loss, "rank_spread": spread, "ranks": len(peers), "rank_samples": samples})
     return merged
 
 
@@ -277,6 +289,10 @@ def verify(script: Path, words_spec: Optional[str], steps: int, processes: int, 
     tolerance = rtol if rtol is not None else max([setup.rtol, *(LOW_PRECISION_RTOL[d] for d in low_precision)])
     comparison = compare(reference["steps"], merge_ranks(migrated, _ranks_add_up(migrated_source)), tolerance, setup.processes)
     random_draws = sorted({name for record in [reference, *migrated] for name in record.get("random_per_forward", [])})
+    evidence = Evidence(
+        reference["steps"], merge_ranks(migrated, False), random_draws,
+        any(record.get("batch_statistics") for record in [reference, *migrated]), copy.notes,
+    )
     return {
         "script": str(script),
         "words": list(words),
@@ -290,21 +306,61 @@ def verify(script: Path, words_spec: Optional[str], steps: int, processes: int, 
         "verdict": "same" if comparison.same else "differ",
         "first_differing_step": comparison.first_difference,
         "reason": comparison.reason,
-        "expected": _expected_difference(comparison, setup, random_draws),
+        "expected": _expected_difference(comparison, setup, evidence),
     }
 
 
-def _expected_difference(comparison: Comparison, setup: Setup, random_draws: list[str]) -> Optional[str]:
-    """Why a difference is what a correct migration shows, where it is: the
-    masks of dropout, drawn per forward, come in another order when the
-    migration splits the batch (accumulation, ranks)."""
-    if comparison.same or not random_draws or (setup.batch_scale == 1 and setup.processes == 1):
+@dataclasses.dataclass
+class Evidence:
+    """What the runs recorded and the migration noted that can explain a
+    difference: each step's samples, random draws, BatchNorm statistics."""
+
+    reference: list[dict]
+    migrated: list[dict]  # merged over the ranks, with each rank's samples
+    random_draws: list[str]
+    batch_statistics: bool
+    notes: list  # (file name, Finding)
+
+    def noted(self, codes: frozenset) -> str:
+        found = [f"{f.code} at {name}:{f.line}" for name, f in self.notes if f.code in codes]
+        return f" (the migration's note {', '.join(found)})" if found else ""
+
+    def uneven_share(self, step: int) -> Optional[str]:
+        """Step `step` (1-based) where the ranks' shares of the batch are not
+        an even split of the original's: its sizes, as a phrase."""
+        if step > min(len(self.reference), len(self.migrated)):
+            return None
+        original, shares = self.reference[step - 1].get("samples"), self.migrated[step - 1].get("rank_samples") or []
+        if original is None or None in shares or len(shares) < 2:
+            return None
+        if len(set(shares)) == 1 and sum(shares) == original:
+            return None
+        return f"step {step}'s batch of {original} samples ran as {' + '.join(map(str, shares))} on the ranks"
+
+
+def _expected_difference(comparison: Comparison, setup: Setup, evidence: Evidence) -> Optional[str]:
+    """Why a difference is what a correct migration shows, where it is and
+    what shows it: a batch the ranks share out unevenly (each averages its
+    own share), BatchNorm statistics and random draws (dropout masks, noise)
+    computed on each part of a split batch. Each names the migration's note
+    that announced it."""
+    if comparison.same or (setup.batch_scale == 1 and setup.processes == 1):
         return None
     split = "into micro-batches" if setup.batch_scale > 1 else "across processes"
-    return (
-        f"the model draws random numbers per forward ({', '.join(random_draws)}) and the migrated step, split {split}, "
-        "draws them in another order; compare with dropout off (p=0, or the model in eval mode) to check the rest"
-    )
+    reasons = []
+    uneven = evidence.uneven_share(comparison.first_difference) if setup.processes > 1 else None
+    if uneven is not None:
+        reasons.append(f"{uneven}, each averaging its own share{evidence.noted(UNEVEN_NOTES)}")
+    if evidence.batch_statistics:
+        reasons.append(f"BatchNorm normalises each part of the batch split {split} with its own statistics{evidence.noted(STATISTICS_NOTES)}")
+    if evidence.random_draws:
+        reasons.append(
+            f"the model draws random numbers per forward ({', '.join(evidence.random_draws)}) and the migrated step, split {split}, "
+            "draws them in another order; compare with dropout off (p=0, or the model in eval mode) to check the rest"
+        )
+    elif evidence.noted(DRAW_NOTES):
+        reasons.append(f"random numbers drawn for the training step fall on other rows once the batch is split {split}{evidence.noted(DRAW_NOTES)}")
+    return "; ".join(reasons) or None
 
 
 def render(result: dict) -> None:

@@ -169,10 +169,10 @@ Left alone
     loops (no `backward()`) are not touched. `# accelmigrate: skip` on the
     `for` line leaves its loop alone.
 
-    Worth knowing: BatchNorm normalises each micro-batch with its own
-    statistics, so a model with BatchNorm layers computes something close to,
-    not equal to, the big batch (use GroupNorm/LayerNorm, or SyncBatchNorm
-    statistics over larger per-device batches, when it matters).
+    - AM614 (a note): the model the loop trains is built here with
+      BatchNorm layers, which normalise each micro-batch with its own
+      statistics: the accumulated step is close to, not equal to, the big
+      batch's (GroupNorm or LayerNorm computes the same either way).
 """
 
 from __future__ import annotations
@@ -190,6 +190,7 @@ from ._accumulate.accelerate_form import SETUP_METHODS, AcceleratePlan, Trainer,
 from ._accumulate.syntax import Problem, is_method_call, mentions, positional_args, wrap_block
 from ._base import Codemod, code_of, times_or_divided, walk
 from .script.accumulate_facts import Uses, anchors, ddp_models
+from .script.layers import BATCH_NORM, builds_layer_of
 from .script.reduction import SUM, UNCLEAR, backward_reduction, loss_reduction
 
 STEPS_CONSTANT = "ACCUMULATION_STEPS"
@@ -239,10 +240,11 @@ class Accumulate(Codemod):
         "AM607": "the loss's reduction over the batch (mean or sum) cannot be read: accumulate by hand",
         "AM608": "the Accelerator's gradient accumulation is set otherwise (or cannot be read): set it by hand",
         "AM609": "accelerator.backward divides the mean loss by N: exact when the loader's length is a multiple of N",
+        "AM614": "BatchNorm statistics computed on each micro-batch",
         "AM610": "the Accelerate step cannot be put under accelerator.accumulate(): prepare what the message names, or accumulate by hand",
         "AM611": "backward(loss) through an object that is neither an Accelerator nor a Fabric: accumulate by hand",
     }
-    notes = frozenset({"AM609"})
+    notes = frozenset({"AM609", "AM614"})
     triggers = ("backward", "step")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -324,6 +326,7 @@ class Accumulate(Codemod):
         if not self.fix(loop, "AM600", self._fixed_message(shape, summed=reduction == SUM)):
             return
         self._plans[loop] = plan
+        self._note_batch_norm(shape)
         if reduction != SUM:  # a sum over each micro-batch adds up to the big batch's sum as it is
             self._backwards[shape.backward] = plan.group_size
         if trainer is not None:
@@ -392,6 +395,7 @@ class Accumulate(Codemod):
         if not self.fix(shape.loop, "AM600", message):
             return
         self._accelerate_plans[shape.loop] = plan
+        self._note_batch_norm(shape)
         if steps_setting(trainer.made_by, self.steps, STEPS_CONSTANT) is True:
             self._accelerator_calls.add(trainer.made_by)
         if summed:
@@ -401,6 +405,20 @@ class Accumulate(Codemod):
         for update in shape.updates:
             if update.role == "scheduler_step":
                 self.report(update.call, "AM605", f"`{code_of(update.call)}` now runs once per {self.steps} micro-batches: divide the step counts the scheduler was built with (total_steps, steps_per_epoch, T_max, warm-up steps...) by {STEPS_CONSTANT}")
+
+    def _note_batch_norm(self, shape: LoopShape) -> None:
+        """A note where the model the loop trains is built here with BatchNorm
+        layers: they normalise each micro-batch with its own statistics."""
+        step = next((s for s in self.script.training_steps if s.backward is shape.backward), None)
+        models = [m.origin for m in step.models if m.origin.value is not None] if step is not None else []
+        built = next((m.value for m in models if builds_layer_of(self.script, m.value, BATCH_NORM)), None)
+        if built is not None:
+            self.report(
+                built, "AM614",
+                f"this model's BatchNorm layers normalise each micro-batch with its own statistics: the accumulated "
+                f"step is close to, not equal to, one on a {self.steps} times larger batch (GroupNorm or LayerNorm "
+                f"computes the same either way)",
+            )
 
     def _fixed_message(self, shape: LoopShape, summed: bool) -> str:
         loss = (

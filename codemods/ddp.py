@@ -147,9 +147,14 @@ What it does
       process computes their statistics on its own share of the batch;
       `--to sync-bn` shares them across processes (GPUs); and a model that
       draws random numbers while it trains (dropout, noise in its forward)
-      or a step that draws them itself (numpy noise) (AM535): each process
-      draws its own for its share of the batch, so a seeded run trains as
-      well as the original but not to the same numbers;
+      or a step that draws them itself (numpy noise), in the loop or in a
+      function of the file the step calls (a gradient penalty's weights)
+      (AM535): each process draws its own for its share of the batch, so a
+      seeded run trains as well as the original but not to the same
+      numbers; and a training DataLoader without `drop_last=True` (AM536):
+      a data set the number of processes does not divide is padded with
+      its first samples, and a last partial batch is shared out unevenly,
+      each rank averaging its own share;
     - reads and writes `state_dict`s (and `.module`) through
       `unwrap_model(model)`, so checkpoint keys carry no `module.` prefix;
       so do the model's own methods and attributes outside training
@@ -352,11 +357,12 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM537": "folder created on every rank at once",
         "AM538": "BatchNorm statistics computed on each process's share of the batch (see sync-bn)",
         "AM535": "random draws (dropout, noise) made by each process for its share of the batch",
+        "AM536": "data set or last batch that the processes share out unevenly",
         "AM539": "batch drawn without a DataLoader (by index, whole tensors, a function's results), alike on every rank",
     }
     # AM526: the script already sets up torch.distributed itself (or ddp's own
     # output does); nothing in it to change, only to launch.
-    notes = frozenset({"AM524", "AM526", "AM535", "AM538"})
+    notes = frozenset({"AM524", "AM526", "AM535", "AM536", "AM538"})
     triggers = ("DataParallel", "DataLoader", "optim", "local_rank", "local-rank", "backward")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -370,6 +376,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         self._guarded: set[cst.CSTNode] = set()
         self._steps: list[Step] = []
         self._rank_shared_draws: set[cst.Call] = set()  # draws sized by the batch that each rank takes its rows of
+        self._unevenly_shared: list[cst.Call] = []  # training DataLoaders sharded without drop_last=True
         self._needed: set[str] = set()
         self._set_epoch_planned: set[tuple[cst.CSTNode, str]] = set()
         self._guard_planned: set[cst.CSTNode] = set()

@@ -58,7 +58,7 @@ from typing import Optional, Sequence
 import libcst as cst
 
 from ._base import Codemod, code_of, keyword_arg, walk
-from ._ddp.batch_norm import BATCH_NORM, CONVERT
+from .script.layers import BATCH_NORM, CONVERT
 from ._ddp.common import is_plain_reference
 from .script import vocabulary as v
 from .script.uses import uses_of

@@ -17,6 +17,12 @@ torch's generators with 0 and installing probes on torch's own classes:
 - with ACCELMIGRATE_VERIFY_BATCH_SCALE=N every DataLoader given a
   `batch_size` yields N times larger batches: the big-batch reference for a
   migration to gradient accumulation or to N processes;
+- the size of each batch a DataLoader yields is noted, and each step
+  records the samples its backward passes were computed on (the last
+  batch yielded before each): ranks that share a batch out unevenly;
+- BatchNorm normalising a batch in training (`torch.nn.functional.batch_norm`,
+  which the BatchNorm modules call) is noted: statistics that depend on
+  how the batch is split;
 - dropout drawn in training (`torch.nn.functional.dropout` and its kin,
   which the Dropout modules call, with p > 0) is noted: masks drawn per
   forward, which a migration that splits or reorders the forwards draws
@@ -46,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import cuda_on_host
 from .device import chosen_device
@@ -69,6 +76,9 @@ class Recorder:
         self._scaled: dict[int, float] = {}  # id of a scaled loss -> the loss's value
         self._optimizers: list[Any] = []
         self.random_per_forward: set[str] = set()
+        self.batch_statistics = False
+        self._last_batch: Optional[int] = None  # samples in the batch a DataLoader yielded last
+        self._pending_samples: Optional[int] = 0
 
     def install(self, batch_scale: int) -> None:
         register_optimizer_step_post_hook(self._on_optimizer_step)
@@ -76,6 +86,8 @@ class Recorder:
         self._probe_grad_scaler()
         self._probe_autocast()
         self._probe_dropout()
+        self._probe_batch_norm()
+        self._probe_batches()
         if batch_scale > 1:
             _scale_batches(batch_scale)
 
@@ -92,6 +104,26 @@ class Recorder:
                 return _original(input, p, training, *args, **kwargs)
 
             setattr(F, name, dropout)
+
+    def _probe_batch_norm(self) -> None:
+        recorder, original = self, F.batch_norm
+
+        def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, *args, **kwargs):
+            if training and torch.is_grad_enabled():
+                recorder.batch_statistics = True
+            return original(input, running_mean, running_var, weight, bias, training, *args, **kwargs)
+
+        F.batch_norm = batch_norm
+
+    def _probe_batches(self) -> None:
+        recorder, original = self, _BaseDataLoaderIter.__next__
+
+        def __next__(iterator):
+            batch = original(iterator)
+            recorder._last_batch = _samples(batch)
+            return batch
+
+        _BaseDataLoaderIter.__next__ = __next__
 
     def _probe_backward(self) -> None:
         recorder, original = self, torch.autograd.backward
@@ -110,6 +142,8 @@ class Recorder:
             value = float(root.detach().float().sum())
         self._pending_loss += value
         self._backwards += 1
+        if self._pending_samples is not None:
+            self._pending_samples = None if self._last_batch is None else self._pending_samples + self._last_batch
 
     def _probe_grad_scaler(self) -> None:
         recorder, original = self, torch.amp.GradScaler.scale
@@ -141,11 +175,21 @@ class Recorder:
                 "loss": self._pending_loss if self._backwards else None,
                 "backwards": self._backwards,
                 "params": _checksum(optimizer),
+                "samples": self._pending_samples if self._backwards else None,
             }
         )
-        self._pending_loss, self._backwards = 0.0, 0
+        self._pending_loss, self._backwards, self._pending_samples = 0.0, 0, 0
         if len(self.steps) >= self.steps_wanted:
             raise StopScript()
+
+
+def _samples(batch: Any) -> Optional[int]:
+    """The leading size of the first tensor in a batch (a tensor, or a tuple,
+    list or dict of them), None where it holds none."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    return next((found for found in map(_samples, values) if found is not None), None)
 
 
 def _checksum(optimizer) -> list[float]:
@@ -226,6 +270,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "steps": recorder.steps,
         "low_precision": sorted(recorder.low_precision),
         "random_per_forward": sorted(recorder.random_per_forward),
+        "batch_statistics": recorder.batch_statistics,
         "cuda_mapped_to": str(cuda.target) if cuda is not None and cuda.mapped else None,
     }
     rank = os.environ.get("RANK", "0")

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import libcst as cst
 
 from .._base import code_of, walk
-from .._ddp.batch_norm import BATCH_NORM, CONVERT, RANDOM_LAYERS, BatchNormNote
 from .._ddp.noise import DRAWS, BatchReading
+from ..script.layers import BATCH_NORM, CONVERT, RANDOM_LAYERS, builds_layer_of
 from .common import ACCELERATOR, CannotMigrate, expression
 
 # numpy's and Python's random draws: seeded alike on every process, as torch's.
@@ -43,15 +43,6 @@ Rows = Callable[[str], "tuple[str, str]"]
 def contiguous_rows(size: str) -> tuple[str, str]:
     """Accelerate with `split_batches=True`: process i holds rows [i*b, (i+1)*b) of the global batch."""
     return f"{size} * {ACCELERATOR}.num_processes", f".split({size})[{ACCELERATOR}.process_index]"
-
-
-class _LayerFinder:
-    """The ddp codemod's walk for the layers a model builds, on this codemod's names."""
-
-    _builds_layer_of = BatchNormNote._builds_layer_of
-
-    def __init__(self, codemod) -> None:
-        self.qualified_names = codemod.qualified_names
 
 
 class Draws(BatchReading):
@@ -76,6 +67,25 @@ class Draws(BatchReading):
                 f"slice of the batch; accelerate changed nothing; see `--to ddp` (draw_rank_share) or give each "
                 f"process its own rows of the original's draw by hand",
             )
+
+    def note_draws_in_helpers(self, random_draws: frozenset) -> None:
+        """A note where a loop that trains calls a function of the file that
+        draws random numbers (a gradient penalty's interpolation weights):
+        every process draws the numbers seeded alike, for its own slice."""
+        drawing = random_draws | HOST_DRAWS
+        for call in self.planner.uses.calls:
+            loop = self.codemod.innermost_loop(call)
+            if loop is None or not self.planner.uses.trains(loop.body):
+                continue
+            draw = self.codemod.script.flow.call_in_callees(call, lambda c: self.codemod.is_call_to(c, drawing))
+            if draw is not None:
+                self.planner.plan.notes.append((
+                    call, "AM816",
+                    f"`{code_of(call.func)}(...)` draws random numbers (`{code_of(draw.func)}(...)`) for the training "
+                    f"step: on N processes each draws them for its own slice of the batch, not the original's rows, so a "
+                    f"seeded run trains as well as the original, not to the same numbers",
+                ))
+                return
 
     def refuse_host_draws_of_the_batch(self) -> None:
         """numpy's and Python's generators are seeded alike on every process too: a draw sized by the batch
@@ -132,8 +142,6 @@ class Draws(BatchReading):
         each process's slice alone: dropout or noise draws its own numbers
         there (AM816), BatchNorm its own statistics (AM817)."""
         module = self.planner.module
-        classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
-        finder = _LayerFinder(self.codemod)
         models = [m for m in {id(m.origin): m.origin for step in steps for m in step.models}.values() if m.value is not None]
         converted = any(self.codemod.is_call_to(c, CONVERT) for c in walk(module) if isinstance(c, cst.Call))
         notes = [
@@ -146,6 +154,6 @@ class Draws(BatchReading):
         for layers, code, message in notes:
             if code == "AM817" and converted:
                 continue
-            model = next((m for m in models if finder._builds_layer_of(m.value, layers, classes, set())), None)
+            model = next((m for m in models if builds_layer_of(self.codemod.script, m.value, layers)), None)
             if model is not None:
                 self.planner.plan.notes.append((model.value, code, message))

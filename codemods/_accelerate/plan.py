@@ -99,6 +99,7 @@ class Planner:
         draws = Draws(self, self.own_rows)
         draws.plan(RANDOM_DRAWS)
         draws.refuse_host_draws_of_the_batch()
+        draws.note_draws_in_helpers(RANDOM_DRAWS)
         draws.note_per_process_layers(steps)
         self._refuse_use_before_accelerator()
         self.functions.pass_accelerator(self.plan)

@@ -1,6 +1,6 @@
 """What each process computes on its own share of the batch under DDP, as
-notes: BatchNorm statistics (sync-bn shares them), and random draws made in
-the step (dropout masks, noise in a forward, numpy draws), which no longer
+notes: a last batch shared out unevenly, BatchNorm statistics (sync-bn
+shares them), and random draws made in the step (dropout masks, noise in a forward, numpy draws), which no longer
 fall on the rows the original drew them for: a seeded run trains as well,
 but not to the same bits."""
 
@@ -9,24 +9,14 @@ from __future__ import annotations
 from typing import Iterator
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from .._base import walk
 from ..script import vocabulary as v
+from ..script.layers import BATCH_NORM, CONVERT, RANDOM_LAYERS, builds_layer_of
 from .queries import ScriptQueries
 
-BATCH_NORM = frozenset(
-    f"{module}.{name}"
-    for module in ("torch.nn", "torch.nn.modules.batchnorm")
-    for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "SyncBatchNorm")
-)
-CONVERT = frozenset({"torch.nn.SyncBatchNorm.convert_sync_batchnorm", "torch.nn.modules.batchnorm.SyncBatchNorm.convert_sync_batchnorm"})
 FOLLOW_DEPTH = 4  # names followed back to where the model is built
-# Layers and calls that draw random numbers while training (dropout masks, noise).
-RANDOM_LAYERS = frozenset(
-    {f"torch.nn.{name}" for name in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout")}
-    | {f"torch.nn.functional.{name}" for name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "gumbel_softmax")}
-    | {f"torch.{name}" for name in ("randn_like", "rand_like", "randint_like", "bernoulli", "normal", "multinomial")}
-)
 RANDOM_IN_STEP = frozenset({"torch.rand", "torch.randn", "torch.randint", "torch.randperm", "torch.bernoulli", "torch.normal", "torch.randn_like", "torch.rand_like"})
 
 
@@ -36,9 +26,8 @@ class BatchNormNote(ScriptQueries):
         layers, unless the file converts them to SyncBatchNorm already."""
         if not models or self._calls_to(v.DISTRIBUTED_DATA_PARALLEL) or self._calls_to(CONVERT):
             return
-        classes = {s.name.value: s for s in self._module.body if isinstance(s, cst.ClassDef)}
         for model in models:
-            built = next((value for value in self._built_as(model) if self._builds_layer_of(value, BATCH_NORM, classes, set())), None)
+            built = next((value for value in self._built_as(model) if builds_layer_of(self.script, value, BATCH_NORM)), None)
             if built is not None:
                 self.report(
                     built, "AM538",
@@ -46,15 +35,24 @@ class BatchNormNote(ScriptQueries):
                     "batch: add `--to sync-bn` (SyncBatchNorm, GPUs) for statistics over the whole batch",
                 )
 
+    def _note_uneven_shares(self) -> None:
+        """A note at each training DataLoader ddp shards without `drop_last=True`."""
+        for call in self._unevenly_shared:
+            self.report(
+                call, "AM536",
+                "on N processes a data set the number of processes does not divide is padded with its first samples "
+                "(DistributedSampler), and a last batch smaller than the batch size is shared out unevenly, each rank "
+                "averaging its own share: `drop_last=True`, or a data set the batch size divides, keeps the original's steps",
+            )
+
     def _note_rank_randomness(self, models: list) -> None:
         """A note where a wrapped model built here draws random numbers in its
         layers, or the training step draws them itself (a torch draw that
         `draw_rank_share` does not rewrite, any numpy or `random` draw)."""
         if not models or self._calls_to(v.DISTRIBUTED_DATA_PARALLEL):
             return
-        classes = {s.name.value: s for s in self._module.body if isinstance(s, cst.ClassDef)}
         for model in models:
-            built = next((value for value in self._built_as(model) if self._builds_layer_of(value, RANDOM_LAYERS, classes, set())), None)
+            built = next((value for value in self._built_as(model) if builds_layer_of(self.script, value, RANDOM_LAYERS)), None)
             if built is not None:
                 self.report(
                     built, "AM535",
@@ -71,6 +69,26 @@ class BatchNormNote(ScriptQueries):
                     "a seeded run trains as well as the original but not to the same numbers",
                 )
                 return
+            if not self._iterates_a_loader(loop):
+                continue  # batches drawn without a DataLoader: alike on every rank, or shared by rows
+            for call in (n for n in walk(loop) if isinstance(n, cst.Call)):
+                draw = self.script.flow.call_in_callees(call, self._random_draw_in_step)
+                if draw is not None:
+                    self.report(
+                        call, "AM535",
+                        f"`{self._code(call.func)}(...)` draws random numbers (`{self._code(draw.func)}(...)`, line "
+                        f"{self.get_metadata(PositionProvider, draw).start.line}) for the training step: each process draws its own, for its share "
+                        f"of the batch, so a seeded run trains as well as the original but not to the same numbers",
+                    )
+                    return
+
+    def _iterates_a_loader(self, loop: cst.CSTNode) -> bool:
+        """`for x, y in loader:` (through `enumerate(...)`, `tqdm(...)`): each
+        rank's share of the batch comes from its sampler."""
+        iterable = loop.iter if isinstance(loop, cst.For) else None
+        while isinstance(iterable, cst.Call) and iterable.args:
+            iterable = iterable.args[0].value
+        return iterable is not None and self.script.kind_of(iterable) == "loader"
 
     def _training_loops(self) -> list[cst.CSTNode]:
         """The innermost loop around each backward call, once each."""
@@ -100,15 +118,3 @@ class BatchNormNote(ScriptQueries):
                 yield value
                 entity = self.script.entity(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
                 value = entity.origin.value if entity is not None and entity.origin.value is not value else None
-
-    def _builds_layer_of(self, code: cst.CSTNode, layers: frozenset, classes: dict, seen: set) -> bool:
-        """`code` names one of `layers`, or calls a class of this file that does."""
-        for node in walk(code):
-            if isinstance(node, (cst.Name, cst.Attribute)) and self.qualified_names(node) & layers:
-                return True
-            if isinstance(node, cst.Call):
-                for name in set(self.qualified_names(node.func)) & classes.keys() - seen:
-                    seen.add(name)
-                    if self._builds_layer_of(classes[name], layers, classes, seen):
-                        return True
-        return False

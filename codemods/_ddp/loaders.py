@@ -235,6 +235,9 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
 
         self._step(call, "AM504", message, apply)
         self._check_split_batch(call, batch.value)
+        drop_last = keyword_arg(call, "drop_last")
+        if drop_last is None or not (isinstance(drop_last.value, cst.Name) and drop_last.value.value == "True"):
+            self._unevenly_shared.append(call)  # noted with the other per-rank consequences, once ddp applies
         return batch.value
 
     def _kwargs_leave_sharding_alone(self, call: cst.Call) -> bool:

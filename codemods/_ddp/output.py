@@ -171,6 +171,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             self._plan_rank_zero_writer(writer)
         self._plan_directories()
         self._note_batch_norm(models)  # with the models' other per-rank consequences
+        self._note_uneven_shares()
         self._note_rank_randomness(models)
         written.extend((call, None) for call in self._helper_writes())
         if written:

@@ -139,6 +139,22 @@ class Flow:
                 return (found, True) if found is not None else None
         return None
 
+    def call_in_callees(self, call: cst.Call, wanted, depth: int = 4) -> Optional[cst.Call]:
+        """The first call for which `wanted(call)` holds in the body of the
+        function of this file that `call` runs, or of one that function
+        calls in turn (`depth` functions deep): a random draw inside the
+        gradient penalty a training step calls."""
+        return self._call_in_callees(call, wanted, depth, set())
+
+    def _call_in_callees(self, call: cst.Call, wanted, depth: int, seen: set) -> Optional[cst.Call]:
+        found = self.callee(call, self.index.scope_of(call))
+        if found is None or found[0].node in seen or len(seen) >= depth:
+            return None
+        seen.add(found[0].node)
+        calls = [n for n in walk(found[0].node.body, into_definitions=False) if isinstance(n, cst.Call)]
+        hit = next((c for c in calls if wanted(c)), None)
+        return hit if hit is not None else next(filter(None, (self._call_in_callees(c, wanted, depth, seen) for c in calls)), None)
+
     def _reached_definitions(self, name: str, call: cst.Call, scope: Scope) -> list:
         """The definitions of `name` that `call` may run, the one it runs first.
         A name defined twice (a notebook redefines `eval_model`): a call in
