@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES
+from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES, LOG_LEVELS
 from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
@@ -98,9 +98,10 @@ def facts_of_project(
     tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
-    gradients, gpu_datasets, evaluating, star_names, reexports = set(), set(), set(), {}, {}
+    gradients, gpu_datasets, evaluating, loggers, star_names, reexports = set(), set(), set(), set(), {}, {}
     for node, module, file in _imported_files(tree, path.resolve().parent, read):
         gradients.update(f"{module}.{name}" for name in _names_once(file, read, _gradient_functions))
+        loggers.update(_joined(module, name) for name in _names_once(file, read, logger_names))
         gpu_datasets.update(f"{module}.{name}" for name in _names_once(file, read, _gpu_datasets))
         evaluating.update(f"{module}.{name}" for name in _names_once(file, read, evaluating_functions))
         if _imports_star(node):
@@ -113,7 +114,7 @@ def facts_of_project(
             )
     return ProjectFacts(
         gradient_functions=frozenset(gradients), device_parameters=devices, star_names=frozenset(star_names.items()),
-        reexports=frozenset(reexports.items()),
+        reexports=frozenset(reexports.items()), loggers=frozenset(loggers),
         imported_by_a_script=imported, gpu_datasets=frozenset(gpu_datasets),
         evaluating_functions=frozenset(evaluating), **(paired or {}),
     )
@@ -300,6 +301,23 @@ def _star_bindings(module: str, file: Path, read: dict, depth: int = 1, exported
         if not exported_only or (name in listed if "*" not in listed else not name.startswith("_")):
             found[name] = qualified or _joined(module, name)
     return found
+
+
+def logger_names(tree: ast.Module) -> Iterator[str]:
+    """The names a module binds at its top level to a logger
+    (`logger = logging.getLogger(...)`) or to the logging method of one, or
+    of the logging module (`print = logger.info`, `log = logging.info`)."""
+    loggers = set()
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        value, name = node.value, node.targets[0].id
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "getLogger":
+            loggers.add(name)
+            yield name
+        elif isinstance(value, ast.Attribute) and value.attr in LOG_LEVELS and isinstance(value.value, ast.Name):
+            if value.value.id in loggers or value.value.id == "logging":
+                yield name
 
 
 def _joined(module: str, name: str) -> str:

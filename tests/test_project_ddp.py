@@ -258,3 +258,62 @@ def test_a_script_that_gets_torch_through_the_projects_star_imports_is_made_dist
     expected_weights, trained = torch.load(original / "regressor.pt"), torch.load(project / "regressor.pt")
     assert max((expected_weights[k] - trained[k]).abs().max().item() for k in expected_weights) <= ONE_PROCESS_TOLERANCE
     assert len(two.stdout.splitlines()) == len(before.stdout.splitlines())  # printed once, by rank 0
+
+
+LOGGING_HELPERS = '''\
+"""The run's log: one logger for the project, and `print` as its info."""
+import logging
+import sys
+
+logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
+logger = logging.getLogger("training")
+print = logger.info
+'''
+
+LOGGED_TRAINING = '''\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from logs import logger, print
+
+
+def main():
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(3):
+        for xb, yb in loader:
+            loss = nn.functional.mse_loss(model(xb), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch}")
+        logger.info(f"weights {model.weight.sum().item():.6f}")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.slow
+def test_a_logger_and_a_print_bound_to_it_in_a_helper_module_log_on_rank_zero(tmp_path):
+    """Issue 29, item 6: `print` bound to a logger's info in logs.py, and that
+    logger, print each line once on two ranks (every rank printed every line)."""
+    for folder in ("original", "migrated"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "logs.py").write_text(LOGGING_HELPERS)
+        (tmp_path / folder / "train.py").write_text(LOGGED_TRAINING)
+    project = tmp_path / "migrated"
+    done = invoke("apply", "--to", "ddp", "--no-cache", "train.py", cwd=project)
+    assert done.exit_code == 0, done.output
+    migrated = (project / "train.py").read_text()
+    assert 'if is_main_process():\n            print(f"epoch {epoch}")\n            logger.info(' in migrated
+    before = run_python(tmp_path / "original" / "train.py", cwd=tmp_path / "original")
+    assert before.returncode == 0 and before.stdout.count("epoch") == 3, before.stderr
+    two = Launch(tmp_path, "two", on_two(project / "train.py"), cpu_env(), project)
+    two.wait().succeeded()
+    assert two.stdout == before.stdout  # each line once, with the one-process weights

@@ -25,8 +25,7 @@ TQDM = frozenset(
 PRINT_LIKE = frozenset(
     {"builtins.print", "pprint.pprint", *(f"{name}.write" for name in TQDM if name.endswith(".tqdm"))}
 )
-LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
-LOGGING_CALLS = frozenset(f"logging.{level}" for level in LOG_LEVELS)
+LOGGING_CALLS = frozenset(f"logging.{level}" for level in v.LOG_LEVELS)
 FILE_WRITES = frozenset(
     {
         "torch.save",
@@ -246,9 +245,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         for call in calls:
             if self.is_call_to(call, PRINT_LIKE):
                 return "printing"
-            if self.is_call_to(call, LOGGING_CALLS) or (
-                isinstance(call.func, cst.Attribute) and call.func.attr.value in LOG_LEVELS and call.func.value in loggers
-            ):
+            if self.is_call_to(call, LOGGING_CALLS) or self._calls_a_logger(call, loggers):
                 return "logging"
             if self.is_call_to(call, FILE_WRITES):
                 return "a file write"
@@ -261,6 +258,31 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             isinstance(s, cst.Expr) and isinstance(s.value, cst.Call) and self.is_call_to(s.value, PRINT_LIKE | LOGGING_CALLS)
             for s in statement.body
         )
+
+    def _calls_a_logger(self, call: cst.Call, loggers: set[cst.CSTNode]) -> bool:
+        """`logger.info(...)` on a logger of this file or of a project module
+        (`from utils import logger`), or a name bound to such a method, here
+        (`print = logger.info`) or in a project module (`from utils import print`)."""
+        func, imported = call.func, self.script.project.loggers
+        if isinstance(func, cst.Attribute) and func.attr.value in v.LOG_LEVELS:
+            return func.value in loggers or bool(self.qualified_names(func.value) & imported)
+        if not isinstance(func, cst.Name):
+            return False
+        if self.qualified_names(func) & imported:
+            return True
+        bound = self.script.bindings_of(func.value, func)
+        return bool(bound) and all(
+            b.kind == "assign" and isinstance(b.value, cst.Attribute) and b.value.attr.value in v.LOG_LEVELS
+            and (self.is_qualified(b.value.value, {"logging"}) or bool(self.qualified_names(b.value.value) & imported)
+                 or any(self._is_logger_made(value) for value in self._values_of_name(b.value.value)))
+            for b in bound
+        )
+
+    def _values_of_name(self, node: cst.BaseExpression) -> list:
+        return self._assigned_values(node) if isinstance(node, cst.Name) else []
+
+    def _is_logger_made(self, value: cst.BaseExpression) -> bool:
+        return isinstance(value, cst.Call) and self.is_call_to(value, {"logging.getLogger"})
 
     def _logger_references(self) -> set[cst.CSTNode]:
         """Names bound to `logging.getLogger(...)` at module level, where used."""

@@ -58,6 +58,10 @@ and read by the codemods through `ScriptModel.project`.
   `torch.nn`) and definitions (`Model` is `network.Model`), so that a
   script written on top of `from network import *` reads as if it
   imported them itself.
+- `loggers`: the module-level names of the project's modules, named as
+  this file's imports name them, bound to a logger (`utils.logger`, made
+  by `logging.getLogger(...)`) or to a logger's method (`utils.print`,
+  bound `print = logger.info`): what ddp keeps on rank 0, as a print.
 - `reexports`: the names this file imports from a project module that
   itself imports them (`from preprocess import DataLoader`, where
   `preprocess` does `from torch.utils.data import DataLoader`), as
@@ -132,6 +136,7 @@ class ProjectFacts:
     rank_zero_writers: frozenset = frozenset()
     star_names: frozenset = frozenset()  # of (name, qualified name)
     reexports: frozenset = frozenset()  # of ("preprocess.DataLoader", "torch.utils.data.DataLoader")
+    loggers: frozenset = frozenset()  # "utils.logger", "utils.print"
 
     @property
     def pairs(self) -> bool:
@@ -155,7 +160,7 @@ class ProjectFacts:
         imported = ("imported" if self.imported_by_a_script else "") + ("library" if self.rank_zero_library else "")
         names = (
             self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions, self.rank_zero_writers,
-            {f"{name}={qualified}" for name, qualified in self.star_names | self.reexports},
+            {f"{name}={qualified}" for name, qualified in self.star_names | self.reexports}, self.loggers,
         )
         paired = (
             self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders, self.loader_classes,

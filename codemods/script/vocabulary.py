@@ -214,8 +214,13 @@ SELF_RETURNING_MODULE_METHODS = frozenset(
 DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})
 
 
+# The logging methods of a logger (and functions of the logging module).
+LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
+
+
 __all__ = [
     "DEVICE_PARAMETER_NAMES",
+    "LOG_LEVELS",
     "ALREADY_DISTRIBUTED",
     "AMP_NAMES",
     "AMP_PREFIXES",
