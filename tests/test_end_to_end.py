@@ -14,7 +14,7 @@ from accelmigrate.engine import migrate_source
 from conftest import SCRIPTS, run_python
 
 FINAL_LOSS = re.compile(r"final loss: (\S+)")
-SCRIPTS_FOR_DEFAULTS = ["mlp_classifier.py", "char_lstm.py", "trainer_class.py"]
+SCRIPTS_FOR_DEFAULTS = ["mlp_classifier.py", "char_lstm.py", "trainer_class.py", "workers_seeded_epochs.py"]
 
 
 def final_loss(completed) -> float:

@@ -425,8 +425,12 @@ def test_a_migrated_flat_tutorial_prints_the_same_and_imports_quietly(tmp_path):
     original_folder = tmp_path / "original"
     original_folder.mkdir()
     original = original_folder / FLAT_TUTORIAL.name
-    shutil.copy(FLAT_TUTORIAL, original)
-    migrated = migrate_file(FLAT_TUTORIAL, tmp_path / "migrated", "main-guard,workers=1")
+    # Each item also opens a file, as a reader would: workers pay for such a
+    # dataset (its points alone are computed in memory, and get none).
+    original.write_text(FLAT_TUTORIAL.read_text().replace(
+        "        label = i % 2\n", "        label = i % 2\n        open(__file__).close()\n",
+    ))
+    migrated = migrate_file(original, tmp_path / "migrated", "main-guard,workers=1")
     assert "num_workers=default_num_workers(max_workers=1)" in migrated.read_text()
 
     before, after = run_python(original), run_python(migrated)
