@@ -55,19 +55,31 @@ MODEL_MODULE = textwrap.dedent('''
 
     def not_a_model(scores, keep):
         return scores.masked_fill(~keep, -1e9)
+
+
+    def attention(scores, keep):
+        weights = scores.masked_fill(keep == 0, -1e9)
+        return weights.softmax(-1)
+
+
+    class Attending(nn.Module):
+        def forward(self, scores, keep):
+            return attention(scores, keep)
 ''')
 
 
 def test_a_model_module_gets_fills_by_dtype_in_its_modules_only():
     """A model module a training script reaches (no step of its own): the
-    nn.Module's fills beyond float16's range are written by dtype; a fill
-    float16 holds (-1e4, -inf) and a function outside the model are left."""
+    fills beyond float16's range in its nn.Module's code (and a function of
+    the file that a module calls) are written by dtype; a fill float16 holds
+    (-1e4, -inf) and a function no model calls are left."""
     result = amp(MODEL_MODULE)
     assert "scores.masked_fill_(~keep, value=torch.finfo(scores.dtype).min)" in result.code
     assert "scores.masked_fill(keep, torch.finfo(scores.dtype).max)" in result.code
     assert "scores.masked_fill(~keep, -1e4)" in result.code and 'float("-inf")' in result.code
     assert "return scores.masked_fill(~keep, -1e9)" in result.code
-    assert [f.code for f in result.findings if f.fixed] == ["AM419", "AM419"]
+    assert "weights = scores.masked_fill(keep == 0, torch.finfo(scores.dtype).min)" in result.code  # called by a model
+    assert [f.code for f in result.findings if f.fixed] == ["AM419", "AM419", "AM419"]
     assert amp(result.code).code == result.code
 
 

@@ -10,9 +10,9 @@ models do: `torch.finfo(scores.dtype).min` (`.max` for a positive fill), the
 most negative number that dtype holds. After a softmax both mask alike: the
 masked entries' weights are exactly 0 in every dtype, and a row masked whole
 stays uniform. Rewritten where amp adds autocast to the file, or in the
-methods of the file's `nn.Module` classes (a model module that a training
-script reaches); a fill of a value it cannot name twice (a call's result)
-is a finding.
+code of the file's `nn.Module` classes (a model module that a training
+script reaches): their methods and the functions of the file they call; a
+fill of a value it cannot name twice (a call's result) is a finding.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class MaskConstants:
     """Mixed into the codemod."""
 
     def plan_masks(self) -> None:
-        in_models = {id(node) for klass in self._module_classes() for node in walk(klass)}
+        in_models = {id(node) for code in self._model_code() for node in walk(code)}
         for call in (n for n in walk(self.tree) if isinstance(n, cst.Call)):
             if not (self.autocast_spans or id(call) in in_models):
                 continue
@@ -50,12 +50,22 @@ class MaskConstants:
             self.edits.replace[constant] = lambda updated, text=text: cst.parse_expression(text)
             self.fix(call, "AM419", f"`{code_of(constant)}` -> `{text}`: float16 cannot hold the constant (under float16 autocast the fill raises); the dtype's own extreme masks alike after a softmax")
 
-    def _module_classes(self) -> list:
-        """The file's classes that derive from a torch.nn module class."""
-        return [
+    def _model_code(self) -> list:
+        """The file's classes that derive from a torch.nn module class, and
+        the functions of the file their methods call (an `attention(q, k, v,
+        mask)` helper), and those these call."""
+        found = [
             klass for klass in walk(self.tree) if isinstance(klass, cst.ClassDef)
             and any(v.is_module_class(name) for base in klass.bases for name in self.qualified_names(base.value))
         ]
+        pending = list(found)
+        while pending:
+            for call in (n for n in walk(pending.pop()) if isinstance(n, cst.Call)):
+                callee = self.script.flow.callee(call, self.script.scope_of(call))
+                if callee is not None and callee[0].node not in found:
+                    found.append(callee[0].node)
+                    pending.append(callee[0].node)
+        return found
 
 
 def _overflowing_fill(call: cst.Call) -> Optional[cst.BaseExpression]:
