@@ -39,6 +39,7 @@ TENSOR_METHODS = frozenset(
      "sqrt", "pow", "clamp", "flip", "roll", "split", "chunk", "index_select", "masked_select", "type", "to", "cpu"}
 )  # fmt: skip
 FOLLOW_DEPTH = 4  # names, parameters and functions followed back to where a dataset is made
+LAZY_STORES = ("h5py.", "lmdb.", "zarr.", "tables.")  # files whose items are read as they are indexed
 # Datasets made of the parts of others (held where those are).
 SPLITS = frozenset(
     f"torch.utils.data{module}.{name}" for module in ("", ".dataset") for name in ("random_split", "Subset", "ConcatDataset")
@@ -252,12 +253,22 @@ class LoaderHazards(Codemod):
 
     def _computes_items_in_memory(self, family: Sequence[cst.ClassDef]) -> bool:
         """The class's own `__getitem__` (the first in its family) reads
-        nothing from outside and runs nothing of its own: it calls Python's
-        functions (not `open`), torch's, numpy's and math's (not their
-        readers) and tensor methods of arithmetic and conversion; no
-        transform, decoder, tokenizer or method of the dataset."""
+        nothing from outside: it calls Python's functions (not `open`),
+        torch's, numpy's and math's (not their readers), tensor methods of
+        arithmetic and conversion, and functions and methods of the file that
+        do the same; no transform, decoder or tokenizer; and the class opens
+        no store it reads as it is indexed."""
         getitem = next((f for c in family for f in c.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__getitem__"), None)
-        return getitem is not None and not self._is_iterable(family) and self._computes_in_memory(getitem, FOLLOW_DEPTH)
+        if getitem is None or self._is_iterable(family) or any(self._opens_lazily(c) for cls in family for c in walk(cls) if isinstance(c, cst.Call)):
+            return False
+        return self._computes_in_memory(getitem, FOLLOW_DEPTH)
+
+    def _opens_lazily(self, call: cst.Call) -> bool:
+        """A store its items are read from as they are indexed: a memory-mapped
+        array (`np.memmap`, `np.load(..., mmap_mode="r")`), an HDF5, LMDB or
+        zarr file."""
+        names = self.qualified_names(call.func)
+        return bool(names & {"numpy.memmap"}) or keyword_arg(call, "mmap_mode") is not None or any(n.startswith(LAZY_STORES) for n in names)
 
     def _computes_in_memory(self, function: cst.FunctionDef, depth: int) -> bool:
         """No loop (work repeated per item: a decoder's, a filter's passes)
