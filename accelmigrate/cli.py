@@ -25,8 +25,8 @@ from typing import Optional, Sequence
 import click
 
 from accelmigrate import __version__, lint
-from accelmigrate.codemods import DEFAULT_WORDS, infos
-from accelmigrate.config import Config
+from accelmigrate.codemods import DEFAULT_WORDS, PRESETS, infos
+from accelmigrate.config import Config, close_match
 from accelmigrate.engine import CODEMOD_FAILED, UNKNOWN_CODE_IN_CONFIG, FileResult, known_codes, process_files, process_text
 from accelmigrate.path_arguments import PathsCommand
 from accelmigrate.selection import EXIT_ERROR, UsageError, config_for, plan_for
@@ -113,7 +113,10 @@ def _files(paths: Sequence[str], exclude: Sequence[str], config: Config, reporte
     problems: list[tuple[str, str]] = []  # (folder, message)
     for path in paths:
         before = len(problems)
-        walked = iter_python_files([path], [*config.exclude, *exclude], on_error=lambda *e: problems.append(e), on_skip=reporter.note)
+        walked = iter_python_files(
+            [path], [*config.exclude, *exclude], on_error=lambda *e: problems.append(e), on_skip=reporter.note,
+            respect_gitignore=config.respect_gitignore,
+        )
         found = [str(p) for p in walked]
         if not found and len(problems) == before and os.path.isdir(path):
             problems.append((path, f"no Python files found in {path}"))
@@ -154,7 +157,7 @@ def _run(files: list[str], plan, reporter: Reporter, *, jobs: Optional[int], **k
 def _report(reporter: Reporter, output_format: str, results, shown, plan, *, check: bool) -> None:
     """The findings (and, for json, each file's outcome) in the chosen format."""
     if output_format == "json":
-        reporter.results_json(results, shown)
+        reporter.results_json(results, shown, plan if check else None)
     elif output_format == "github":
         reporter.github(results, shown, plan)
     elif output_format == "sarif":
@@ -188,8 +191,11 @@ def _codes(value: Sequence[str]) -> Optional[list[str]]:
     return codes if value else None
 
 
+def paths_argument(*, required: bool):
+    return click.argument("paths", nargs=-1, required=required, type=click.Path(readable=False))  # reading says why not
+
+
 common_options = [
-    click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False)),  # reading says why not
     click.option(
         "--stdin-filename", metavar="PATH",
         help="With PATH `-`: the name of the text read from stdin (for the configuration, the messages, notebooks).",
@@ -204,6 +210,10 @@ common_options = [
         "apply leaves what they would fix alone.",
     ),
     click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files or folders matching GLOB (repeatable)."),
+    click.option(
+        "--config", "config_file", metavar="FILE",
+        help="Read [tool.accelmigrate] from FILE instead of the nearest pyproject.toml.",
+    ),
     click.option("--jobs", "-j", type=click.IntRange(1), default=None, help="Worker processes (default: CPU count)."),
     format_option("text", "json", "github", "sarif"),
     click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache (.accelmigrate_cache/)."),
@@ -220,6 +230,7 @@ Skip marks (comments in the file):
   # accelmigrate: skip[AM101,AM201]  this line: these codes
   # accelmigrate: skip-file          the whole file, no codemod runs
   # accelmigrate: skip-file[AM101]   these codes anywhere in the file
+  # noqa: AM101                      as skip[AM101] (its AM codes only)
 A mark naming an unknown code is reported (AM002), and a code of a mark
 that silenced nothing (AM004); an unknown code in select, ignore or
 per-file-ignores of [tool.accelmigrate] too (AM003)."""
@@ -236,7 +247,7 @@ def _with_codes(config: Config, select: Sequence[str], ignore: Sequence[str]) ->
     for flag, codes in (("--select", chosen or []), ("--ignore", ignored)):
         unknown = [code for code in codes if not any(k.startswith(code) for k in known)]
         if unknown:
-            raise UsageError(f"{flag}: unknown code(s) {', '.join(unknown)}; see `accelmigrate list`")
+            raise UsageError(f"{flag}: unknown code(s) {', '.join(unknown)}{close_match(unknown[0], known)}; see `accelmigrate list`")
     return dataclasses.replace(
         config, select=chosen if chosen is not None else config.select, ignore=[*config.ignore, *ignored]
     )
@@ -261,7 +272,7 @@ def _config_findings(config: Config) -> dict[str, list]:
         line, column = next(
             ((n, text.index(f'"{code}"') + 1) for n, text in enumerate(lines, 1) if f'"{code}"' in text), (1, 1)
         )
-        found.append(Finding(line, column, UNKNOWN_CODE_IN_CONFIG, f"[tool.accelmigrate] {key}: unknown code {code!r}; see `accelmigrate list`", False, ""))
+        found.append(Finding(line, column, UNKNOWN_CODE_IN_CONFIG, f"[tool.accelmigrate] {key}: unknown code {code!r}{close_match(code.upper(), known)}; see `accelmigrate list`", False, ""))
     return {str(config.path): sorted(found)}
 
 
@@ -291,24 +302,31 @@ def _stdin_paths(paths: Sequence[str], stdin_filename: Optional[str]) -> Optiona
     return stdin_filename or STDIN
 
 
-def with_common_options(function):
-    for option in reversed(common_options):
-        function = option(function)
-    return function
+def with_common_options(*, paths_required: bool = True):
+    """The options of apply and check, after their PATHS argument: required
+    by apply (a rewrite of the whole folder is asked for by naming it), not by
+    check, which checks the current folder as ruff does."""
+
+    def decorate(function):
+        for option in reversed([paths_argument(required=paths_required), *common_options]):
+            function = option(function)
+        return function
+
+    return decorate
 
 
 @main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP + "\n\n" + SKIP_HELP)
-@with_common_options
+@with_common_options()
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
 @click.option("--show-fixes", is_flag=True, help="Also list each change made, at its line.")
-def apply(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, only_named, words, dry_run, show_fixes) -> None:
+def apply(paths, stdin_filename, select, ignore, exclude, config_file, jobs, output_format, no_cache, show_notes, only_named, words, dry_run, show_fixes) -> None:
     """Rewrite PATHS (files or folders) in place with the chosen codemods.
     With PATH `-`, read stdin and print the migrated text to stdout (the
     findings and the summary go to stderr)."""
     reporter = Reporter()
     stdin_name = _stdin_paths(paths, stdin_filename)
-    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths)), select, ignore)
+    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
     plan = plan_for(words, config, DEFAULT_WORDS)
     if stdin_name is not None:
         _apply_stdin(stdin_name, plan, config, reporter, dry_run=dry_run, show_notes=show_notes, output_format=output_format)
@@ -370,16 +388,18 @@ def _apply_stdin(name: str, plan, config: Config, reporter: Reporter, *, dry_run
 
 
 @main.command(cls=PathsCommand, epilog=EXIT_CODES_HELP + "\n\n" + SKIP_HELP)
-@with_common_options
+@with_common_options(paths_required=False)
 @click.option("--to", "words", metavar="WORDS", help=f"Only these codemods (default: {','.join(DEFAULT_WORDS)}, as apply).")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings (errors still exit 2).")
-def check(paths, stdin_filename, select, ignore, exclude, jobs, output_format, no_cache, show_notes, only_named, words, exit_zero) -> None:
-    """Report what to act on in PATHS, writing nothing (for CI and pre-commit).
-    A fixable finding is marked [*], with the command that fixes it. PATH `-`
-    reads the file's text from stdin (name it with --stdin-filename)."""
+def check(paths, stdin_filename, select, ignore, exclude, config_file, jobs, output_format, no_cache, show_notes, only_named, words, exit_zero) -> None:
+    """Report what to act on in PATHS (default: the current folder), writing
+    nothing (for CI and pre-commit). A fixable finding is marked [*], with the
+    command that fixes it. PATH `-` reads the file's text from stdin (name it
+    with --stdin-filename)."""
+    paths = paths or (".",)
     reporter = Reporter()
     stdin_name = _stdin_paths(paths, stdin_filename)
-    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths)), select, ignore)
+    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
     plan = plan_for(words, config, DEFAULT_WORDS)
     if stdin_name is not None:
         files, folder_errors = [], 0
@@ -465,7 +485,7 @@ def explain(name: str, output_format: str) -> None:
 
     cls, code = resolve_name(name)
     if cls is None and code is None:
-        raise UsageError(f"no codemod or finding code {name!r}; see `accelmigrate list`")
+        raise UsageError(f"no codemod or finding code {name!r}{close_match(name.strip(), [*infos(), *PRESETS]) or close_match(name.strip().upper(), known_codes())}; see `accelmigrate list`")
     reporter = Reporter()
     if code is not None:
         entry = code_entry(cls, code)

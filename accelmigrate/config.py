@@ -5,6 +5,7 @@
     exclude = ["legacy/*"]
     select = ["AM1", "AM2"]                  # only these codes (prefixes, as ruff's)
     ignore = ["AM104"]                       # never these (the longer prefix wins)
+    respect-gitignore = false                # also walk what git ignores (default: true)
 
     [tool.accelmigrate.per-file-ignores]
     "tests/*" = ["AM1"]                      # glob (relative to this file, or a file name) -> codes
@@ -48,6 +49,7 @@ class Config:
     select: Optional[list[str]] = None  # code prefixes to report (None: every code)
     ignore: list[str] = dataclasses.field(default_factory=list)  # code prefixes never reported
     per_file_ignores: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # glob -> code prefixes
+    respect_gitignore: bool = True  # a folder's walk leaves out what git ignores (accelmigrate/git_ignores.py)
 
     def codes(self) -> "CodeSelection":
         """The select/ignore settings, in a plain form worker processes can take."""
@@ -130,6 +132,15 @@ def load_config(start: Path) -> Config:
     pyproject = find_pyproject(start)
     if pyproject is None:
         return Config()
+    return read_config(pyproject)
+
+
+def read_config(pyproject: Path) -> Config:
+    """The `[tool.accelmigrate]` of this file (pyproject.toml, or the file
+    given with --config), checked as `load_config` says."""
+    if not os.path.isfile(pyproject):
+        raise ConfigError(f"{pyproject}: no such configuration file")
+    pyproject = pyproject.resolve()
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
@@ -160,12 +171,14 @@ def load_config(start: Path) -> Config:
         str(glob): check.strings(codes, f"[tool.accelmigrate.per-file-ignores] {glob!r}")
         for glob, codes in check.table(section.get("per-file-ignores", {}), "[tool.accelmigrate] 'per-file-ignores'").items()
     }
+    respect_gitignore = check.boolean(section.get("respect-gitignore", True), "[tool.accelmigrate] 'respect-gitignore'")
     return Config(
-        pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool), select, ignore, per_file
+        pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool), select, ignore, per_file,
+        respect_gitignore,
     )
 
 
-SECTION_KEYS = ("to", "exclude", "options", "select", "ignore", "per-file-ignores")
+SECTION_KEYS = ("to", "exclude", "options", "select", "ignore", "per-file-ignores", "respect-gitignore")
 
 
 class _ReadKeys(dict):
@@ -278,6 +291,11 @@ class _Checker:
         if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
             raise self.fail(key, "a string or an array of strings", value)
         return list(value)
+
+    def boolean(self, value: object, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, "a boolean", value)
+        return value
 
     def scalar(self, value: object, key: str) -> str:
         if not isinstance(value, (str, int, float, bool)):

@@ -48,6 +48,7 @@ from accelmigrate.codemods.script import project_facts
 from accelmigrate.codemods.script.precheck import SourceFacts, precheck
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.codemods.script.rules import words_that_may_apply
+from accelmigrate.config import close_match
 from accelmigrate.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
 from accelmigrate.import_order import first_party_layout, place_new_imports
 from accelmigrate.notebook import NotebookError, cell_marker_lines, is_notebook, parse_notebook
@@ -60,6 +61,11 @@ SUPPRESSION_MARK = "accelmigrate:"
 # `skip-file` (no codemod runs on the file), `skip-file[AM101]` (those codes nowhere in it).
 # A bracket left open (`skip[AM101`) still names its codes: it never silences every code.
 _SKIP = re.compile(r"accelmigrate:\s*skip(-file)?(?![\w-])(?:\s*\[([^\]]*)\]?)?")
+# `# noqa: AM101, E501` names the codes of this line as ruff and flake8 read it:
+# its AM codes are a `skip[...]` of them. A bare `# noqa` (or one naming other
+# tools' codes only) is the other linters' and silences nothing here.
+NOQA_MARK = "noqa"
+_NOQA = re.compile(r"#\s*noqa\s*:\s*([a-z]+[0-9]+(?:[\s,]+[a-z]+[0-9]+)*)", re.IGNORECASE)
 
 # Selected codemods with their options; a plain, picklable description so that
 # worker processes can rebuild it.
@@ -155,8 +161,9 @@ class Mark:
 
 
 def marks_in(source: str) -> list[Mark]:
-    """The skip marks of `source`, in order (comments only: not in strings)."""
-    if SUPPRESSION_MARK not in source:
+    """The skip marks of `source`, in order (comments only: not in strings),
+    `# noqa: AMnnn` among them."""
+    if SUPPRESSION_MARK not in source and NOQA_MARK not in source.lower():
         return []
     found: list[Mark] = []
     try:
@@ -167,6 +174,11 @@ def marks_in(source: str) -> list[Mark]:
                     codes = match.group(2)
                     listed = tuple(dict.fromkeys(c.upper() for c in re.split(r"[\s,]+", codes) if c)) if codes is not None else None
                     found.append(Mark(token.start[0], token.start[1] + 1, listed, bool(match.group(1))))
+                    continue
+                noqa = _NOQA.search(token.string)
+                ours = tuple(dict.fromkeys(c.upper() for c in re.split(r"[\s,]+", noqa.group(1)) if c.upper().startswith("AM"))) if noqa else ()
+                if ours:
+                    found.append(Mark(token.start[0], token.start[1] + 1, ours))
     except (tokenize.TokenError, SyntaxError):
         pass  # the parser reports the real problem
     return found
@@ -515,7 +527,22 @@ def migrate_source(
     with _rarer_collections:
         migration = _migrate_source(source, plan, path, check_only, notebook, silenced)
     extra = _mark_findings(source, plan, migration.used_marks, silenced)
-    return dataclasses.replace(migration, findings=sorted(migration.findings + extra)) if extra else migration
+    findings = _not_handed_over(migration.findings, plan)
+    if extra or len(findings) != len(migration.findings):
+        return dataclasses.replace(migration, findings=sorted(findings + extra))
+    return migration
+
+
+def _not_handed_over(findings: list[Finding], plan: Plan) -> list[Finding]:
+    """The findings but those whose fix a codemod hands to another word that
+    runs in this plan (its `handed_to`): that word makes the change, or
+    says why not, itself."""
+    classes = _classes(plan)
+    running = {cls.word for cls, _ in classes}
+    handed = {cls.word: cls.handed_to for cls, _ in classes if cls.handed_to}
+    if not handed:
+        return findings
+    return [f for f in findings if f.fixed or running.isdisjoint(handed.get(f.word, {}).get(f.code, ()))]
 
 
 def _training_elsewhere(
@@ -549,7 +576,7 @@ def _mark_findings(source: str, plan: Plan, used: frozenset, silenced: frozenset
         if unknown:
             found.append(Finding(
                 mark.line, mark.column, UNKNOWN_CODE_IN_MARK,
-                f"skip mark names unknown code(s) {', '.join(unknown)}; see `accelmigrate list` for the codes", False, "",
+                f"skip mark names unknown code(s) {', '.join(unknown)}{close_match(unknown[0], known)}; see `accelmigrate list` for the codes", False, "",
             ))
         line = 0 if mark.whole_file else mark.line
         idle = [c for c in mark.codes or () if c in planned and c not in silenced and (line, c) not in used]

@@ -7,7 +7,9 @@ into a help screen that exits 0 having checked nothing). So, for the
 commands whose arguments are paths:
 
 - every argument after `--` is a path (the hooks' entries end with `--`),
-  `-` too (a file of that name, never stdin);
+  `-` too (a file of that name, never stdin), except one of the command's
+  own options that names no file: pre-commit puts a hook's `args:` (such as
+  `[--to, ddp]`) after the entry, before the files;
 - before `--`, an argument that is none of the command's options but names
   an existing path is a path;
 - any other argument that looks like an option and is none is a usage error
@@ -46,27 +48,40 @@ def options_then_paths(args: list[str], options: Mapping[str, click.Option], ctx
     kept: list[str] = []
     paths: list[str] = []
     tokens = iter(args)
+    after_separator = False
     for token in tokens:
-        if token == "--":
-            paths += [f".{os.sep}-" if path == "-" else path for path in tokens]  # after `--`, `-` is a file of that name
-            break
-        if token == "-" or not token.startswith("-"):
+        if token == "--" and not after_separator:
+            after_separator = True
+            continue
+        if after_separator:
+            if _is_option(token, options) and not os.path.lexists(token):  # a hook's args
+                _keep_option(token, tokens, options, kept, ctx)
+            else:
+                paths.append(f".{os.sep}-" if token == "-" else token)  # after `--`, `-` is a file of that name
+        elif token == "-" or not token.startswith("-"):
             paths.append(token)
-        elif token in options:
-            kept.append(token)
-            if _takes_value(options[token]):
-                value = next(tokens, None)
-                if value is None:
-                    raise click.BadOptionUsage(token, f"Option '{token}' requires an argument.", ctx)
-                kept.append(value)
-        elif _is_joined_option(token, options):
-            kept.append(token)
+        elif _is_option(token, options):
+            _keep_option(token, tokens, options, kept, ctx)
         elif os.path.lexists(token):
             paths.append(token)
         else:
             close = difflib.get_close_matches(token, [name for name in options if name.startswith("--")])
             raise click.NoSuchOption(token, f"No such option: {token} (and no file of that name)", close, ctx)
     return [*kept, "--", *paths]
+
+
+def _is_option(token: str, options: Mapping[str, click.Option]) -> bool:
+    return token.startswith("-") and token != "-" and (token in options or _is_joined_option(token, options))
+
+
+def _keep_option(token: str, tokens, options: Mapping[str, click.Option], kept: list[str], ctx) -> None:
+    """The option `token`, with the value that follows it where it takes one."""
+    kept.append(token)
+    if token in options and _takes_value(options[token]):
+        value = next(tokens, None)
+        if value is None:
+            raise click.BadOptionUsage(token, f"Option '{token}' requires an argument.", ctx)
+        kept.append(value)
 
 
 def _takes_value(option: click.Option) -> bool:

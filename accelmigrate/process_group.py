@@ -175,6 +175,18 @@ def _with_parents(dotted: str) -> Iterator[str]:
         yield ".".join(parts[:end])
 
 
+def module_entry_file(dotted: str) -> Optional[Path]:
+    """The file `python -m DOTTED` runs from here (a module's own file, or a
+    package's `__main__.py`), found on the current folder and PYTHONPATH as
+    Python would, without importing anything; None where there is none."""
+    for folder in [Path.cwd(), *_pythonpath()]:
+        base = folder.joinpath(*dotted.split("."))
+        for candidate in (base.with_name(base.name + ".py"), base / "__main__.py"):
+            if candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
 def _module_file(folder: Path, dotted: str) -> Optional[Path]:
     base = folder.joinpath(*dotted.split("."))
     for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):

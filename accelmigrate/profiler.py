@@ -65,6 +65,7 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         "status": raw.get("status"),
         "exit_code": raw.get("exit_code", 0),
         "device": raw.get("device") or "cpu",
+        "cuda_mapped_to": raw.get("cuda_mapped_to"),
         "steps_measured": len(steps[warmup:]),
         "warmup_steps": warmup,
         "optimizer_steps_seen": bool(steps),
@@ -280,6 +281,11 @@ def render(report: dict[str, Any]) -> None:
     console.print(
         Text(f"accelmigrate profile: {report['script']}  ({counted}; device {report['device']})", style="bold")
     )
+    if report.get("cuda_mapped_to"):
+        console.print(
+            f"No CUDA here: the script's CUDA placements ran on {report['cuda_mapped_to']}; "
+            "the device's own time and memory are not measured."
+        )
 
     unit = "step" if report["optimizer_steps_seen"] else "run"
     table = Table(title=f"Where a {unit}'s time goes", title_justify="left")

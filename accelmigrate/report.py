@@ -11,7 +11,7 @@ import difflib
 import json
 import os
 import sys
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from accelmigrate import lint
 from accelmigrate.codemods import Finding
@@ -81,10 +81,12 @@ def github_annotation(path: str, finding: Finding, plan: Plan) -> str:
     return f"::{GITHUB_COMMANDS[lint.severity(finding)]} {properties}::{github_escape(printable(lint.located_message(finding, plan)))}"
 
 
-def result_payload(result: FileResult, shown: Sequence[Finding]) -> dict:
+def result_payload(result: FileResult, shown: Sequence[Finding], check_plan: Optional[Plan] = None) -> dict:
     """One file in `--format json`: what happened to it, which codemods
     changed it, the findings shown (each with its severity and title), and
-    the unified diff when it changed."""
+    the unified diff when it changed. For `check` (`check_plan`, the words
+    checked), a finding's message is what `check` says (`lint.check_message`:
+    what to do, in the present), not what `apply` did."""
     return {
         "path": result.path,
         "changed": result.changed,
@@ -92,7 +94,11 @@ def result_payload(result: FileResult, shown: Sequence[Finding]) -> dict:
         "error": result.error,
         "codemods": lint.words_that_changed(result) if result.changed else [],
         "findings": [
-            {**f.as_dict(), "severity": lint.severity(f), "title": lint.title(f)} for f in shown
+            {
+                **f.as_dict(), "severity": lint.severity(f), "title": lint.title(f),
+                **({"message": lint.check_message(f, check_plan)} if check_plan is not None else {}),
+            }
+            for f in shown
         ],
         "diff": unified_diff(result) if result.changed else None,
     }
@@ -199,8 +205,8 @@ class Reporter:
     def json(self, value) -> None:
         self.write(json.dumps(value, indent=2) + "\n")
 
-    def results_json(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]]) -> None:
-        self.json([result_payload(r, shown.get(r.path, ())) for r in results])
+    def results_json(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], check_plan: Optional[Plan] = None) -> None:
+        self.json([result_payload(r, shown.get(r.path, ()), check_plan) for r in results])
 
     def github(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], plan: Plan) -> None:
         lines = [github_annotation(path, f, plan) for path, findings in shown.items() for f in findings]

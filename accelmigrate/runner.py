@@ -43,6 +43,7 @@ command (writing an sbatch script needs no torch here).
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import runpy
@@ -57,10 +58,11 @@ from typing import Any, Mapping, Optional, Sequence
 import click
 
 from . import slurm
-from .process_group import initialises_process_group
+from .process_group import initialises_process_group, module_entry_file
 from .torch_check import require_torch
 
 RANK_ENTRY = "accelmigrate.runner"
+MODULE_FLAG = "-m"  # what a rank is given in place of SCRIPT for `run -m MODULE`
 LOOPBACK = "127.0.0.1"
 LOCAL_ENDPOINT = f"{LOOPBACK}:0"  # the port is picked when the store binds
 LOOPBACK_RENDEZVOUS = "accelmigrate-loopback"
@@ -383,18 +385,28 @@ def _traceback_text(failure: Any) -> str:
 
 
 def run_rank(script: str, script_args: Sequence[str]) -> None:
-    """Run SCRIPT as `python SCRIPT ARGS` would, inside a process torchrun started.
+    """Run SCRIPT as `python SCRIPT ARGS` would (or, where SCRIPT is `-m`,
+    the module named first in ARGS, as `python -m MODULE ARGS` would), inside
+    a process torchrun started.
 
     When the script raises, its traceback (from the script's own frame on) goes
     to the error file torchrun reads and to stderr, prefixed by the rank as
     torch.distributed prints it, and the process exits with code 1.
     """
     faulthandler.enable(all_threads=True)  # what torchrun's error handler does for a crash
-    path = os.path.abspath(script)
-    sys.argv = [script, *script_args]
-    sys.path[0] = os.path.dirname(path)  # as for `python SCRIPT`: the script's folder, not ours
+    if script == MODULE_FLAG:
+        module, *script_args = script_args
+        path = str(module_entry_file(module) or module)
+        sys.argv = [path, *script_args]
+        sys.path[0] = os.getcwd()  # as for `python -m`: the current folder
+        run = functools.partial(runpy.run_module, module, run_name="__main__", alter_sys=True)
+    else:
+        path = os.path.abspath(script)
+        sys.argv = [script, *script_args]
+        sys.path[0] = os.path.dirname(path)  # as for `python SCRIPT`: the script's folder, not ours
+        run = functools.partial(runpy.run_path, path, run_name="__main__")
     try:
-        runpy.run_path(path, run_name="__main__")
+        run()
     except Exception as error:  # SystemExit and KeyboardInterrupt keep their usual meaning
         error.__traceback__ = _from_frame_of(path, error.__traceback__)
         _write_error_file(error)
@@ -454,8 +466,12 @@ def _print_with_rank(lines: Sequence[str]) -> None:
     "run",
     context_settings={"ignore_unknown_options": True, "help_option_names": ["-h", "--help"]},
 )
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "-m", "--module", "module", metavar="MODULE", default=None,
+    help="Run a module as `python -m MODULE` does (from the current folder), instead of SCRIPT.",
+)
 @click.option(
     "--nproc-per-node",
     default="auto",
@@ -499,6 +515,7 @@ def _print_with_rank(lines: Sequence[str]) -> None:
 def run_command(
     script,
     script_args,
+    module,
     nproc_per_node,
     nnodes,
     node_rank,
@@ -520,8 +537,12 @@ def run_command(
     Options go before `--`; everything after it goes to the script. Inside a
     SLURM allocation of several nodes, start it once per node
     (`srun --ntasks-per-node=1 accelmigrate run ...`): the number of nodes and
-    the rendezvous come from SLURM's environment.
+    the rendezvous come from SLURM's environment. `-m MODULE` runs a module
+    of the current folder's packages as `python -m` does; then every
+    argument goes to it.
     """
+    entry, script_args, source = _entry(script, script_args, module)
+    script = entry
     try:
         if slurm_script:
             job = slurm.BatchJob(
@@ -531,11 +552,11 @@ def run_command(
                 time=time_limit,
                 partition=partition,
                 account=account,
-                job_name=job_name,
+                job_name=job_name if job_name is not None or module is None else module.rsplit(".", 1)[-1],
                 cpus_per_task=cpus_per_task,
                 max_restarts=max_restarts,
             )
-            check_process_group(script, job.nodes * (job.nproc_per_node or job.gpus_per_node or 1), force)
+            check_process_group(source, job.nodes * (job.nproc_per_node or job.gpus_per_node or 1), force)
             _write_sbatch(slurm_script, slurm.sbatch_script(script, script_args, job, sys.executable))
             return
         _reject_batch_only_options(
@@ -567,10 +588,25 @@ def run_command(
             rdzv_id=rdzv_id,
             max_restarts=max_restarts,
         )
-        check_process_group(script, processes * _max_nodes(nnodes or "1"), force)
+        check_process_group(source, processes * _max_nodes(nnodes or "1"), force)
     except (LaunchError, slurm.SlurmError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(launch(argv))
+
+
+def _entry(script: Optional[str], script_args: Sequence[str], module: Optional[str]) -> tuple[str, tuple, str]:
+    """What each rank runs (SCRIPT, or `-m MODULE`), the arguments it is
+    given, and the file whose source says whether it joins a process group."""
+    if module is None:
+        if script is None:
+            raise click.UsageError("Missing argument 'SCRIPT' (or -m MODULE).")
+        if not os.path.isfile(script):
+            raise click.BadParameter(f"{script!r} is no file.", param_hint="'SCRIPT'")
+        return script, tuple(script_args), script
+    found = module_entry_file(module)
+    if found is None:
+        raise click.BadParameter(f"no module {module!r} in the current folder or on PYTHONPATH", param_hint="'-m'")
+    return MODULE_FLAG, (module, *((script,) if script is not None else ()), *script_args), str(found)
 
 
 def _number_or(spec: str, default):

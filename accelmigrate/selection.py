@@ -4,12 +4,13 @@ all take them (so verify checks the migration that apply writes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional, Sequence
 
 import click
 
 from accelmigrate.codemods import UnknownCodemod, check_exclusions, parse_words, resolve_infos
-from accelmigrate.config import Config, ConfigError, common_start, load_config
+from accelmigrate.config import Config, ConfigError, common_start, load_config, read_config
 from accelmigrate.engine import plan_of
 
 EXIT_ERROR = 2
@@ -19,9 +20,11 @@ class UsageError(click.UsageError):
     exit_code = EXIT_ERROR
 
 
-def config_for(paths: Sequence[str]) -> Config:
+def config_for(paths: Sequence[str], config_file: Optional[str] = None) -> Config:
+    """The configuration of `config_file` (--config) where given, else the
+    nearest pyproject.toml above the first path."""
     try:
-        return load_config(common_start(paths))
+        return read_config(Path(config_file)) if config_file is not None else load_config(common_start(paths))
     except ConfigError as error:
         raise UsageError(str(error)) from None
 

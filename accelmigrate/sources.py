@@ -34,6 +34,8 @@ import tokenize
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+from accelmigrate.git_ignores import GitIgnores
+
 # Folders that never hold the user's own training code.
 SKIPPED_FOLDERS = frozenset(
     {
@@ -95,6 +97,7 @@ def iter_python_files(
     exclude: Sequence[str] = (),
     on_error: Optional[Callable[[str, str], None]] = None,
     on_skip: Optional[Callable[[str], None]] = None,
+    respect_gitignore: bool = True,
 ) -> Iterator[Path]:
     """The files named, and every `*.py` and `*.ipynb` below the folders named (sorted),
     skipping version-control, virtual-environment, build and cache folders.
@@ -103,7 +106,9 @@ def iter_python_files(
     the message one line (`PATH: cannot list folder: REASON`), and the walk
     goes on; without `on_error`, it is an InputError. A link found in a folder
     that leads outside it is not followed (as black does): rewriting it would
-    change a file of another project; `on_skip(message)` is told."""
+    change a file of another project; `on_skip(message)` is told. What git
+    ignores is not walked (accelmigrate/git_ignores.py) unless
+    `respect_gitignore` is False."""
     for raw in paths:
         path = Path(raw)
         if not os.path.isdir(path):  # Path.is_dir raises where a parent cannot be entered
@@ -111,16 +116,22 @@ def iter_python_files(
                 yield path
             continue
         root = path.resolve()
+        ignores = GitIgnores(path) if respect_gitignore else None
         for folder, subfolders, files in os.walk(path, onerror=lambda error: _unlisted(error, on_error)):
             here = Path(folder)
+            if ignores is not None and here != path:
+                ignores.enter(here)
             subfolders[:] = sorted(
                 d for d in subfolders
                 if d not in SKIPPED_FOLDERS and not d.endswith(".egg-info")
                 and not is_virtualenv(here / d) and not excluded(here / d, exclude)
+                and not (ignores is not None and ignores.ignores(here / d, is_folder=True))
             )
             for name in sorted(files):
                 file = here / name
                 if not name.endswith(SOURCE_SUFFIXES) or excluded(file, exclude):
+                    continue
+                if ignores is not None and ignores.ignores(file, is_folder=False):
                     continue
                 if os.path.islink(file) and not file.resolve().is_relative_to(root):
                     if on_skip is not None:

@@ -118,6 +118,7 @@ class CodemodInfo:
         self.codes: Mapping[str, str] = dict(entry["codes"])
         self.notes = frozenset(entry["notes"])
         self.reads_handoffs = bool(entry.get("reads_handoffs", False))
+        self.handed_to: Mapping[str, Sequence[str]] = dict(entry.get("handed_to", {}))
 
     def check_options(self, options: Mapping[str, str]) -> None:
         _options.check(self.word, options)
@@ -212,8 +213,10 @@ def resolve_infos(
 
     def add(word: str, options: Mapping[str, str]) -> None:
         if word not in registry:
+            from accelmigrate.config import close_match
+
             known = ", ".join(registry)
-            raise UnknownCodemod(f"unknown codemod {word!r} (known: {known})")
+            raise UnknownCodemod(f"unknown codemod {word!r}{close_match(word, [*registry, *PRESETS])} (known: {known})")
         merged = {**(extra_options or {}).get(word, {}), **wanted.get(word, {}), **options}
         wanted[word] = merged
         for needed in registry[word].requires:

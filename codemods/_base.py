@@ -81,6 +81,10 @@ class Codemod(cst.CSTTransformer):
     # `training_loops` and `received_loops`): where it refuses one of them,
     # the engine migrates both again without those facts.
     reads_handoffs: ClassVar[bool] = False
+    # Finding codes whose fix is another word's work: code -> those words.
+    # Where one of them runs in the same plan, the finding is not reported
+    # (that word makes the change, or says why not, itself).
+    handed_to: ClassVar[Mapping[str, Sequence[str]]] = {}
 
     # True for a codemod that records every finding and fix while it plans,
     # in visit_Module (or later, in leave_Module), and rewrites only what it

@@ -40,7 +40,8 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                             'dirac',
                             'orthogonal',
                             'sparse',
-                            'retain_variables'),
+                            'retain_variables',
+                            'apex'),
                'codes': {'AM220': 'x.data[0] on a one-number tensor (an IndexError since PyTorch 0.4): '
                                   'x.item()',
                          'AM221': 'torch.autograd.Variable: the tensor itself, .detach(), or torch.Tensor in '
@@ -51,9 +52,12 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                          'AM224': 'size_average= / reduce= of a loss: reduction=',
                          'AM225': 'nn.init initialiser without the trailing underscore: the underscore form',
                          'AM226': 'backward(retain_variables=...) (a TypeError since PyTorch 0.4): '
-                                  'retain_graph='},
+                                  'retain_graph=',
+                         'AM227': 'NVIDIA apex amp, gone from current apex: `--to amp` moves it onto '
+                                  'torch.amp'},
                'notes': (),
-               'reads_handoffs': False},
+               'reads_handoffs': False,
+               'handed_to': {'AM227': ('amp', 'accelerate', 'fabric')}},
  'main-guard': {'module': 'main_guard',
                 'name': 'MainGuard',
                 'summary': 'flat scripts: the code that runs at import goes under `if __name__ == '
@@ -526,6 +530,7 @@ def entry_of(cls) -> dict:
         "codes": dict(cls.codes),
         "notes": tuple(sorted(cls.notes)),
         "reads_handoffs": bool(cls.reads_handoffs),
+        **({"handed_to": {code: tuple(words) for code, words in cls.handed_to.items()}} if cls.handed_to else {}),
     }
 
 

@@ -39,6 +39,10 @@ What it does
       function under its current name (AM225).
     - `loss.backward(retain_variables=True)` (and `torch.autograd.backward`'s)
       becomes `retain_graph=True`, the keyword's name since 0.4 (AM226).
+    - `from apex import amp` (NVIDIA apex's amp, gone from current apex
+      releases) is a finding naming `--to amp`, which moves it onto torch.amp
+      (AM227); moving it changes the arithmetic's precision, which modernize
+      never does. Not reported where `amp`, `accelerate` or `fabric` runs too.
 
 Why
     Since PyTorch 0.4 a loss is a 0-dim tensor: `loss.data[0]` raises
@@ -93,6 +97,7 @@ import libcst as cst
 
 from ._base import code_of, remove_statements
 from ._item.syntax import positional_args
+from ._modernize.apex_amp import CODE as APEX_AMP_CODE, MIGRATING_WORDS, ApexAmpPlans
 from ._modernize.backward_args import BackwardArgumentPlans
 from ._modernize.init_names import InitNamePlans
 from ._modernize.loss_arguments import LossArgumentPlans, with_reduction
@@ -103,7 +108,7 @@ from ._modernize.values import Values
 from ._modernize.variables import VariablePlans
 
 
-class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans, BackwardArgumentPlans, Planning):
+class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans, BackwardArgumentPlans, ApexAmpPlans, Planning):
     word = "modernize"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "rewrite pre-0.4 idioms that fail today: loss.data[0], Variable(...), volatile=True, size_average"
@@ -115,10 +120,12 @@ class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans,
         "AM224": "size_average= / reduce= of a loss: reduction=",
         "AM225": "nn.init initialiser without the trailing underscore: the underscore form",
         "AM226": "backward(retain_variables=...) (a TypeError since PyTorch 0.4): retain_graph=",
+        APEX_AMP_CODE: "NVIDIA apex amp, gone from current apex: `--to amp` moves it onto torch.amp",
     }
+    handed_to = {APEX_AMP_CODE: MIGRATING_WORDS}
     triggers = (
         "Variable", ".data", "volatile", "size_average", "reduce",
-        "uniform", "normal", "constant", "eye", "dirac", "orthogonal", "sparse", "retain_variables",
+        "uniform", "normal", "constant", "eye", "dirac", "orthogonal", "sparse", "retain_variables", "apex",
     )  # fmt: skip
     # Names come from the script model: LibCST's own resolution is not needed.
 
@@ -134,6 +141,7 @@ class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans,
         self._plan_legacy_reductions(calls)
         self._plan_initialisers()
         self._plan_backward_arguments()
+        self._plan_apex_amp()
         return bool(self._replace or self._doomed or self._wraps)
 
     # -- rewriting ----------------------------------------------------------------------

@@ -44,6 +44,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dataloader
 
+from . import cuda_on_host
+from .device import chosen_device
 from .script_runner import StopScript, run_script
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -304,6 +306,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     faulthandler.enable()
     recorder = Recorder(options.script, options.steps)
     recorder.install()
+    # Without CUDA, a CUDA-only script's placements run on this machine's
+    # device (as `verify` runs an original), so that its loading and host
+    # work can still be profiled; the report says so.
+    cuda = None if torch.cuda.is_available() else cuda_on_host.install(chosen_device())
     status, exit_code, error = run_script(options.script, options.script_args)
     result = {
         "version": 1,
@@ -315,6 +321,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "error": error,
         "device": recorder.device,
         "cuda_available": torch.cuda.is_available(),
+        "cuda_mapped_to": str(cuda.target) if cuda is not None and cuda.mapped else None,
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "syncs_measurable": torch.cuda.is_available(),
         "autocast_used": recorder.autocast_used,

@@ -91,11 +91,16 @@ def test_check_after_apply_with_the_same_words_passes_on_the_bundled_scripts(tmp
     scripts = tmp_path / "scripts"
     shutil.copytree(SCRIPTS, scripts)
     chosen = ["--to", words] if words else []
-    applied = invoke("apply", "--no-cache", *chosen, ".", cwd=scripts)
+    applied = invoke("apply", "--no-cache", "--format", "json", *chosen, ".", cwd=scripts)
     assert applied.exit_code == 0, applied.stdout + applied.stderr
-    checked = invoke("check", "--no-cache", *chosen, ".", cwd=scripts)
-    assert checked.exit_code == 0, checked.stdout + checked.stderr
-    assert checked.stdout == ""
+    left = sorted((r["path"], f["code"]) for r in json.loads(applied.stdout) for f in r["findings"] if not f["fixed"] and f["severity"] != "note")
+    checked = invoke("check", "--no-cache", "--format", "json", *chosen, ".", cwd=scripts)
+    # What check still reports is exactly what apply left for a manual step
+    # (apex_script.py's apex amp, which `--to amp` moves): nothing it could fix.
+    assert checked.exit_code == (1 if left else 0), checked.stdout + checked.stderr
+    found = [(r["path"], f) for r in json.loads(checked.stdout) for f in r["findings"]]
+    assert not [f for _, f in found if f["fixed"]]
+    assert sorted((path, f["code"]) for path, f in found) == left
 
 
 def test_a_file_that_cannot_be_checked_is_not_a_clean_file(project: Path):

@@ -111,8 +111,8 @@ def _batch_scale(f: SourceFacts) -> bool:
 def _modernize(f: SourceFacts) -> bool:
     """A pre-0.4 idiom can be there: `x.data[0]` or a running total of `.data`
     read as `total[0]`, Variable, `size_average=`/`reduce=` given to one of
-    torch.nn's losses, an old `torch.nn.init` name, or `retain_variables=`
-    (keywords are among the names)."""
+    torch.nn's losses, an old `torch.nn.init` name, `retain_variables=`
+    (keywords are among the names), or NVIDIA apex's amp imported."""
     return (
         f.data_zero_subscripts > 0
         or "retain_variables" in f.names
@@ -122,6 +122,7 @@ def _modernize(f: SourceFacts) -> bool:
         or any(q.startswith("torch.nn.") for q in f.legacy_reduction_calls)
         or f.uses_where(_deprecated_initialiser)
         or any(_deprecated_initialiser(m) for m in f.imported_modules)
+        or any(m == "apex.amp" or m.startswith("apex.amp.") for m in f.imported_modules)
     )
 
 
