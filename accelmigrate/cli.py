@@ -15,7 +15,6 @@ codemod can touch imports neither LibCST, black nor rich.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 import sys
@@ -29,7 +28,7 @@ from accelmigrate.codemods import DEFAULT_WORDS, PRESETS, infos
 from accelmigrate.config import Config, close_match
 from accelmigrate.engine import CODEMOD_FAILED, UNKNOWN_CODE_IN_CONFIG, FileResult, known_codes, process_files, process_text
 from accelmigrate.path_arguments import PathsCommand
-from accelmigrate.selection import EXIT_ERROR, UsageError, config_for, plan_for
+from accelmigrate.selection import EXIT_ERROR, UsageError, config_for, plan_for, with_codes
 from accelmigrate.report import Reporter
 from accelmigrate.sources import InputError, decode_source, iter_python_files
 
@@ -185,12 +184,6 @@ def format_option(*formats: str):
     )
 
 
-def _codes(value: Sequence[str]) -> Optional[list[str]]:
-    """Repeatable, comma-separated codes or prefixes, upper-cased (None: not given)."""
-    codes = [code.strip().upper() for chunk in value for code in chunk.split(",") if code.strip()]
-    return codes if value else None
-
-
 def paths_argument(*, required: bool):
     return click.argument("paths", nargs=-1, required=required, type=click.Path(readable=False))  # reading says why not
 
@@ -234,23 +227,6 @@ Skip marks (comments in the file):
 A mark naming an unknown code is reported (AM002), and a code of a mark
 that silenced nothing (AM004); an unknown code in select, ignore or
 per-file-ignores of [tool.accelmigrate] too (AM003)."""
-
-
-def _with_codes(config: Config, select: Sequence[str], ignore: Sequence[str]) -> Config:
-    """The config with --select (replacing its `select`) and --ignore (added
-    to its `ignore`); a code or prefix of the command line that names no
-    code is a usage error."""
-    chosen, ignored = _codes(select), _codes(ignore) or []
-    if chosen == []:  # `--select ''`: a check that selects nothing would pass having checked nothing
-        raise UsageError("--select: names no code; give codes or prefixes (AM1, AM501), or leave --select out for every code")
-    known = known_codes()
-    for flag, codes in (("--select", chosen or []), ("--ignore", ignored)):
-        unknown = [code for code in codes if not any(k.startswith(code) for k in known)]
-        if unknown:
-            raise UsageError(f"{flag}: unknown code(s) {', '.join(unknown)}{close_match(unknown[0], known)}; see `accelmigrate list`")
-    return dataclasses.replace(
-        config, select=chosen if chosen is not None else config.select, ignore=[*config.ignore, *ignored]
-    )
 
 
 def _config_findings(config: Config) -> dict[str, list]:
@@ -326,7 +302,7 @@ def apply(paths, stdin_filename, select, ignore, exclude, config_file, jobs, out
     findings and the summary go to stderr)."""
     reporter = Reporter()
     stdin_name = _stdin_paths(paths, stdin_filename)
-    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
+    config = with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
     plan = plan_for(words, config, DEFAULT_WORDS)
     if stdin_name is not None:
         _apply_stdin(stdin_name, plan, config, reporter, dry_run=dry_run, show_notes=show_notes, output_format=output_format)
@@ -399,7 +375,7 @@ def check(paths, stdin_filename, select, ignore, exclude, config_file, jobs, out
     paths = paths or (".",)
     reporter = Reporter()
     stdin_name = _stdin_paths(paths, stdin_filename)
-    config = _with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
+    config = with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
     plan = plan_for(words, config, DEFAULT_WORDS)
     if stdin_name is not None:
         files, folder_errors = [], 0

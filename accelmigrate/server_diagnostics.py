@@ -53,11 +53,15 @@ class Positions:
 
         return types.Range(at(start), at(end))
 
-    def whole(self) -> types.Range:
+    def line_start(self, line: int) -> types.Position:
+        """Where 0-based LINE starts; past the last line, the end of the text."""
         lines = self.lines
-        if not lines or lines[-1].endswith(("\n", "\r")):
-            return types.Range(types.Position(0, 0), types.Position(len(lines), 0))
-        return types.Range(types.Position(0, 0), self.at(len(lines) - 1, len(lines[-1])))
+        if line < len(lines) or not lines or lines[-1].endswith(("\n", "\r")):
+            return types.Position(line=min(line, len(lines)), character=0)
+        return self.at(len(lines) - 1, len(lines[-1]))
+
+    def whole(self) -> types.Range:
+        return types.Range(types.Position(0, 0), self.line_start(len(self.lines)))
 
 
 def diagnostic(checked: Checked, finding, place: types.Range, *, in_cell: bool = False) -> types.Diagnostic:

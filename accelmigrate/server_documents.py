@@ -19,10 +19,35 @@ from typing import Optional
 from accelmigrate import lint
 from accelmigrate.codemods import DEFAULT_WORDS, Finding
 from accelmigrate.engine import FileResult, known_codes, process_text
-from accelmigrate.selection import UsageError, config_for, plan_for
+from accelmigrate.selection import UsageError, config_for, plan_for, with_codes
 
 # `path:LINE:`, `path:LINE:COL:` or a notebook's `path:cell N:LINE:` at the start of an error.
 _ERROR_PLACE = re.compile(r":(?:cell (?P<cell>\d+):)?(?P<line>\d+):(?:(?P<column>\d+):)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Overrides:
+    """The editor's settings (`initializationOptions`, or the `accelmigrate`
+    section of `workspace/didChangeConfiguration`), taken as the command
+    line's --to, --select and --ignore are: over pyproject.toml's."""
+
+    to: Optional[str] = None
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, settings: object) -> "Overrides":
+        if not isinstance(settings, dict):
+            return cls()
+
+        def strings(key: str) -> tuple[str, ...]:
+            value = settings.get(key)
+            value = [value] if isinstance(value, str) else value
+            return tuple(str(item) for item in value) if isinstance(value, list) else ()
+
+        to = settings.get("to")
+        to = ",".join(to) if isinstance(to, list) else to
+        return cls(str(to) if to else None, strings("select"), strings("ignore"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +65,7 @@ class Settings:
         if self.error is not None:
             return self.error
         config = self.config
-        return repr((self.plan, config.path, config.black, config.line_length, sorted(self.silenced)))
+        return repr((self.plan, config.path, config.black, config.line_length, config.select, config.ignore, sorted(self.silenced)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,17 +114,18 @@ class Documents:
         self._entries: dict[str, _Entry] = {}
         self.checks_run = 0  # how many texts were really checked (not answered from an entry)
 
-    def check(self, uri: str, path: str, text: str) -> Checked:
-        settings = settings_for(path)
+    def check(self, uri: str, path: str, text: str, overrides: Overrides = Overrides()) -> Checked:
+        settings = settings_for(path, overrides)
         entry = self._entries.get(uri)
         if entry is None or entry.text != text or entry.key != settings.key:
             entry = _Entry(text, settings.key, self._check(path, text, settings))
             self._entries[uri] = entry
         return entry.checked
 
-    def migrated(self, uri: str, path: str, text: str, words: Optional[str]) -> FileResult:
-        """What `accelmigrate apply --to WORDS` (None: without --to) writes for TEXT."""
-        checked = self.check(uri, path, text)
+    def migrated(self, uri: str, path: str, text: str, words: Optional[str], overrides: Overrides = Overrides()) -> FileResult:
+        """What `accelmigrate apply --to WORDS` (None: without --to, the
+        editor's words or the configured ones) writes for TEXT."""
+        checked = self.check(uri, path, text, overrides)
         entry = self._entries[uri]
         if words not in entry.migrated:
             settings = checked.settings
@@ -107,7 +133,7 @@ class Documents:
                 entry.migrated[words] = FileResult(path, original=text, error=settings.error)
             else:
                 try:
-                    plan = plan_for(words, settings.config, DEFAULT_WORDS)
+                    plan = plan_for(words or overrides.to, settings.config, DEFAULT_WORDS)
                 except UsageError as error:  # a word the configuration's options refuse
                     entry.migrated[words] = FileResult(path, original=text, error=error.message)
                 else:
@@ -129,11 +155,12 @@ class Documents:
         return Checked(path, text, settings, tuple(findings), result.error)
 
 
-def settings_for(path: str) -> Settings:
-    """The nearest pyproject.toml's settings for PATH and `check`'s words, as the CLI takes them."""
+def settings_for(path: str, overrides: Overrides = Overrides()) -> Settings:
+    """The nearest pyproject.toml's settings for PATH and `check`'s words,
+    with the editor's over them, as the CLI takes them."""
     try:
-        config = config_for([path])
-        plan = tuple((word, dict(options)) for word, options in plan_for(None, config, DEFAULT_WORDS))
-    except UsageError as error:  # a mistake in pyproject.toml, named there
+        config = with_codes(config_for([path]), overrides.select, overrides.ignore)
+        plan = tuple((word, dict(options)) for word, options in plan_for(overrides.to, config, DEFAULT_WORDS))
+    except UsageError as error:  # a mistake in pyproject.toml or in the editor's settings, named there
         return Settings(error=error.message)
     return Settings(config, plan, config.codes().silenced(path, known_codes()))

@@ -131,6 +131,8 @@ def check_out(entry: Entry, repos: Path, mirror: Optional[Path]) -> Optional[Pat
     if root.is_dir():
         return root
     bare = mirror / entry.folder / "repo" if mirror else None
+    if bare is not None and (bare / ".git").is_dir():  # a snapshot taken as a clone with a work tree
+        bare = bare / ".git"
     if not bare or not bare.is_dir():
         return None
     partial = repos / f".{entry.folder}.partial"

@@ -8,6 +8,9 @@ didChange notifications, each a new text (a comment line appended, so every
 change is a real re-check, never a cached one), and prints the median time
 from sending one to receiving its publishDiagnostics. The process's start-up
 and first check are not counted: a warm server is what an editor talks to.
+Then the burst case: 20 changes sent at once, as fast typing sends them; it
+prints the time from the last one to the diagnostics of its text and how
+many checks the burst cost (the server checks a burst once, after it).
 
 `LspClient` is a minimal LSP client over real pipes (Content-Length frames,
 JSON-RPC), used by tests/test_server.py too.
@@ -15,6 +18,7 @@ JSON-RPC), used by tests/test_server.py too.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -26,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCRIPT = ROOT / "fixtures" / "scripts" / "char_lstm.py"
@@ -137,8 +141,10 @@ class LspClient:
         return self.stderr.read().decode("utf-8", "replace")
 
 
-def measure_did_change_latency(path: Path | str = DEFAULT_SCRIPT, changes: int = 7) -> float:
-    """Median seconds from sending didChange to receiving its diagnostics."""
+@contextlib.contextmanager
+def opened(path: Path | str) -> Iterator[tuple[LspClient, str, str]]:
+    """A warm server with PATH open and checked once (imports and all): the
+    client, the document's URI and its text."""
     path = Path(path).resolve()
     text = path.read_text(encoding="utf-8")
     client = LspClient(cwd=str(path.parent))
@@ -146,7 +152,15 @@ def measure_did_change_latency(path: Path | str = DEFAULT_SCRIPT, changes: int =
         client.initialize(path.parent)
         uri = path.as_uri()
         client.open(uri, text)
-        client.diagnostics(uri, version=1, timeout=120)  # the first check: imports and all
+        client.diagnostics(uri, version=1, timeout=120)
+        yield client, uri, text
+    finally:
+        client.close()
+
+
+def measure_did_change_latency(path: Path | str = DEFAULT_SCRIPT, changes: int = 7) -> float:
+    """Median seconds from sending didChange to receiving its diagnostics."""
+    with opened(path) as (client, uri, text):
         times = []
         for version in range(2, changes + 2):
             changed = text + f"# edit {version}\n"
@@ -155,10 +169,23 @@ def measure_did_change_latency(path: Path | str = DEFAULT_SCRIPT, changes: int =
             client.diagnostics(uri, version=version)
             times.append(time.perf_counter() - start)
         return statistics.median(times)
-    finally:
-        client.close()
+
+
+def measure_burst(path: Path | str = DEFAULT_SCRIPT, changes: int = 20) -> tuple[float, int]:
+    """Seconds from the last of a burst of CHANGES didChange notifications
+    to the diagnostics of its text, and the checks the burst cost."""
+    with opened(path) as (client, uri, text):
+        before = client.request("accelmigrate/status")["checks_run"]
+        for version in range(2, changes + 2):
+            client.change(uri, version, text + f"# keystroke {version}\n")
+        start = time.perf_counter()
+        client.diagnostics(uri, version=changes + 1)
+        elapsed = time.perf_counter() - start
+        return elapsed, client.request("accelmigrate/status")["checks_run"] - before
 
 
 if __name__ == "__main__":
     script = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_SCRIPT
     print(f"server didChange -> diagnostics on {script.name}: {measure_did_change_latency(script) * 1000:.0f} ms (median)")
+    burst, checks = measure_burst(script)
+    print(f"server burst of 20 changes on {script.name}: last change -> its diagnostics {burst * 1000:.0f} ms, {checks} check(s)")

@@ -75,8 +75,15 @@ def offset(text: str, position: dict) -> int:
     return start + column
 
 
+def edits_of(edit: dict, uri: str) -> list[dict]:
+    """A WorkspaceEdit's edits of URI, given as `changes` or as `documentChanges`."""
+    if "documentChanges" in edit:
+        return [e for change in edit["documentChanges"] if change["textDocument"]["uri"] == uri for e in change["edits"]]
+    return edit["changes"].get(uri, [])
+
+
 def applied(text: str, edit: dict, uri: str) -> str:
-    for change in sorted(edit["changes"][uri], key=lambda e: (e["range"]["start"]["line"], e["range"]["start"]["character"]), reverse=True):
+    for change in sorted(edits_of(edit, uri), key=lambda e: (e["range"]["start"]["line"], e["range"]["start"]["character"]), reverse=True):
         text = text[: offset(text, change["range"]["start"])] + change["newText"] + text[offset(text, change["range"]["end"]):]
     return text
 
@@ -122,7 +129,9 @@ def test_diagnostics_changes_and_fixes_match_apply(client, tmp_path):
     # Each quick fix is exactly `apply --to WORD`; fix all is `apply` with the configured words.
     offered = actions(client, uri, found)
     by_title = {a["title"]: a for a in offered}
-    assert set(by_title) == {"apply `item` to this file", "accelmigrate: fix all (apply the configured codemods)"}
+    assert set(by_title) == {
+        "apply `item` to this file", "accelmigrate: skip AM201 on this line", "accelmigrate: fix all (apply the configured codemods)"
+    }
     for word in ("item",):
         action = by_title[f"apply `{word}` to this file"]
         assert action["kind"] == "quickfix"
@@ -163,7 +172,7 @@ def test_code_action_follows_the_buffer_and_fixes_a_loop(client, tmp_path):
     assert codes(found) == {"AM107", "AM210", "AM220"}
     assert next(d for d in found if d["code"] == "AM107")["severity"] == 3  # a note (tensors in memory): information
     empty_cache = next(d for d in found if d["code"] == "AM210")
-    (action,) = [a for a in actions(client, uri, [empty_cache]) if a["kind"] == "quickfix"]
+    (action,) = [a for a in actions(client, uri, [empty_cache]) if a["kind"] == "quickfix" and a["title"].startswith("apply")]
     assert action["title"] == "apply `empty-cache` to this file"
     assert action["diagnostics"][0]["code"] == "AM210"
     assert applied(LOOP, action["edit"], uri) == applied_by_cli(tmp_path, "loop.py", LOOP, "empty-cache")
@@ -263,8 +272,8 @@ def test_notebook_document_cells_are_checked_together(client, tmp_path):
     empty_cache = next(d for d in found[cells[2]] if d["code"] == "AM210")
     assert loop.splitlines()[empty_cache["range"]["start"]["line"]].strip() == "torch.cuda.empty_cache()"
 
-    (fix,) = [a for a in actions(client, cells[2], [empty_cache]) if a["kind"] == "quickfix"]
-    fixed = [applied(text, {"changes": {uri: fix["edit"]["changes"].get(uri, [])}}, uri) for uri, text in zip(cells, sources)]
+    (fix,) = [a for a in actions(client, cells[2], [empty_cache]) if a["kind"] == "quickfix" and a["title"].startswith("apply")]
+    fixed = [applied(text, fix["edit"], uri) for uri, text in zip(cells, sources)]
     expected = server_notebooks.cell_texts(applied_by_cli(tmp_path, "cells.ipynb", server_notebooks.notebook_json(list(zip([False, True, True], sources))), "empty-cache"))
     assert fixed == expected and fixed[2] != sources[2]
 
@@ -280,6 +289,8 @@ def test_notebook_document_cells_are_checked_together(client, tmp_path):
 
 def test_latency_benchmark_measures_a_warm_server():
     assert 0 < server_latency.measure_did_change_latency(SCRIPTS / "char_lstm.py", changes=3) < 5
+    elapsed, checks = server_latency.measure_burst(SCRIPTS / "char_lstm.py", changes=5)
+    assert elapsed > 0 and checks == 1
 
 
 def test_without_pygls_the_command_says_how_to_install_it():
