@@ -151,7 +151,11 @@ Left alone (a finding says what to do by hand; nothing changes)
     different calls, models, optimizers or loaders made in or after the training
     loop or under a dotted name (AM820); devices chosen elsewhere, `.cuda()`
     outside the entry point, GPU selection, a `--device` / `--gpu` flag read
-    past those lines (AM827); backward with arguments
+    past those lines, and, in a script that places nothing on a device, an
+    evaluation forward of the model (under no_grad, over a loader left as it
+    is, or in the entry point after training) on data no prepared loader
+    yields, which would stay on the CPU while the model runs on the GPU
+    (AM827); backward with arguments
     or `torch.autograd.backward` (AM828); losses of unclear reduction (AM823);
     a model's own attributes outside the entry point or its methods in the
     training loop (AM824); writes and prints outside the entry point, or a

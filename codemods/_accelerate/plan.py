@@ -102,6 +102,7 @@ class Planner:
         draws.note_draws_in_helpers(RANDOM_DRAWS)
         draws.note_per_process_layers(steps)
         self._refuse_use_before_accelerator()
+        self._refuse_evaluation_on_host_data()
         self.functions.pass_accelerator(self.plan)
         return self.plan
 
@@ -481,7 +482,51 @@ class Planner:
         self.plan.fixes.append((anchor, "AM802", f"`{ACCELERATOR}.prepare({listed})`: the model wrapped for the processes, the optimizer and scheduler step with it, and each process reads its slice of every batch"))
         self.prepared_at = last_binding
         self.model_names = set(model_names)
+        self.prepared_names = set(names)
         return set(model_names)
+
+    def _refuse_evaluation_on_host_data(self) -> None:
+        """A script that places nothing on a device computes everything on the
+        CPU; `prepare` moves the model onto each process's device, and the
+        prepared loaders' batches with it, but nothing else: a forward of the
+        model in evaluation (under no_grad or inference_mode, in a loop over a
+        loader left as it is, or in the entry point itself, outside its loops,
+        after `prepare`) on data that no prepared loader yields would meet the
+        model on another device at the first evaluation on a GPU. Refused,
+        with the step that makes it right."""
+        if not self._places_nothing():
+            return
+        for call in self.uses.calls:
+            if not (isinstance(call.func, cst.Name) and call.func.value in self.model_names and call.args):
+                continue
+            if self._before_prepare(call):
+                continue  # the model is still where the script made it
+            loops = self.script.loops_around(call)
+            innermost = loops[0] if loops else None
+            over_loader = innermost is not None and innermost.loader is not None
+            if over_loader and innermost.loader.name in self.prepared_names:
+                continue  # batches of a prepared loader: on the device already
+            in_entry_after_training = innermost is None and self.script.scope_of(call) is self.entry
+            if self.script.in_evaluation(call) or over_loader or in_entry_after_training:
+                raise CannotMigrate(call, "AM827", (
+                    f"`{code_of(call)}` evaluates the model on data this script keeps on the CPU (it places nothing on a "
+                    f"device), while `{ACCELERATOR}.prepare` moves the model onto each process's device: on a GPU this "
+                    "stops at the first evaluation with a device mismatch; accelerate changed nothing; choose the "
+                    "device in the script (`device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")`, "
+                    "the model and each batch it is given `.to(device)`), then run accelerate again"
+                ))
+
+    def _places_nothing(self) -> bool:
+        """No device in the script, and nothing moved onto one (`.cuda()`, `.to(device)`)."""
+        if self.script.devices:
+            return False
+        for call in self.uses.calls:
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda":
+                return False
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "to" and call.args:
+                if self.script.holds_device(call.args[0].value, call):
+                    return False
+        return True
 
     def _refuse_wrapper_before_prepare(self, loop, last_binding: int) -> None:
         """`progress_bar = tqdm(train_loader)` iterated by the training loop must wrap the prepared loader: made
