@@ -28,6 +28,10 @@ What it does
     - the trained models, their optimizers, the training DataLoaders and the
       entry point's schedulers passed through `accelerator.prepare(...)` once
       they are all made;
+    - the training loop's tensors shaped with the loader's batch size
+      (`x.view(batch_size, -1)`, `torch.zeros(batch_size, 1)`): each
+      process holds its share of every batch, so the size reads
+      `batch_size // accelerator.num_processes` (AM832);
     - an evaluation loop that reads whole (AM813; codemods/_accelerate/metrics.py):
       `for x, y in test_loader` (or `enumerate(...)`) over an unshuffled
       loader of the entry point, in the entry point or a flat script's
@@ -217,6 +221,7 @@ class AccelerateCodemod(Codemod):
         "AM829": "training DataLoader that the processes cannot split",
         "AM830": "loop exit decided on each process's own value",
         "AM831": "random draw in a loop that trains, alike on every process (a GAN's noise)",
+        "AM832": "global batch size shaping this process's share of the batch",
     }
     notes = frozenset({"AM811", "AM816", "AM817", "AM822"})
     triggers = ("backward",)

@@ -20,6 +20,7 @@ from .._base import (
     keyword_arg,
     walk,
 )
+from .._shapes import is_shape_argument
 from ..script import vocabulary as v
 from ..script.devices import DEVICE_STRINGS
 from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
@@ -90,6 +91,7 @@ class Planner:
         self._plan_devices()
         self._plan_data_parallel()
         prepared = self._plan_prepare(steps)
+        self._plan_local_batch_shapes(steps)
         self._write_accelerator()
         self._plan_backward(steps)
         self._plan_clipping()
@@ -558,6 +560,35 @@ class Planner:
         drop_last = settings.get("drop_last", [])
         if not drop_last or not all(isinstance(d, cst.Name) and d.value == "True" for d in drop_last):
             self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True`, or a data set the batch size divides, keeps the original's steps"))
+
+    def _plan_local_batch_shapes(self, steps) -> None:
+        """The training loop's tensors shaped with the loader's batch size
+        (`x.view(batch_size, -1)`, `torch.zeros(batch_size, 1)`): each process
+        now holds its share of every batch, so those sizes read
+        `batch_size // accelerator.num_processes` (`prepare` refuses a batch
+        the processes do not divide)."""
+        for step in steps:
+            for loop in step.loops or step.called_in_loops:
+                if loop.loader is None or not isinstance(loop.node, cst.For) or not isinstance(loop.loader.value, cst.Call):
+                    continue
+                sizes = self._loader_settings(loop.loader.value).get("batch_size", [])
+                size = dotted_name(sizes[0]) if len(sizes) == 1 else None
+                if not size or self._binds(loop.node, size):
+                    continue
+                for node in walk(loop.node.body):
+                    if (
+                        isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) == size and node not in self.plan.edits
+                        and (not isinstance(node, cst.Name) or self.uses.is_read(node)) and is_shape_argument(self.codemod, node)
+                    ):
+                        self.plan.edit(node, lambda updated: cst.BinaryOperation(updated, cst.FloorDivide(), expression(f"{ACCELERATOR}.num_processes")))
+                        self.plan.fixes.append((node, "AM832", f"`{size} // {ACCELERATOR}.num_processes`: each process holds its share of the batch of `{size}` that the loader now splits"))
+
+    @staticmethod
+    def _binds(loop: cst.For, name: str) -> bool:
+        """The loop binds `name` itself (`for batch_size in ...`, `batch_size = ...`)."""
+        targets = [loop.target] + [t.target for n in walk(loop) if isinstance(n, cst.Assign) for t in n.targets]
+        targets += [n.target for n in walk(loop) if isinstance(n, (cst.AugAssign, cst.For))]
+        return any(isinstance(t, (cst.Name, cst.Attribute)) and dotted_name(t) == name for target in targets for t in walk(target))
 
     def _loader_settings(self, call: cst.Call) -> dict:
         """keyword -> the values a DataLoader call may get for it: its own arguments, and every value its `**kwargs`

@@ -30,7 +30,7 @@ from .._base import keyword_arg, walk
 from ..script.reduction import SUM, UNCLEAR, backward_reduction
 from ..script.uses import FOLLOW_DEPTH
 from .common import Var, call_of
-from .local_batch import SHAPE_METHODS
+from .._shapes import SHAPE_METHODS
 from .noise import RankNoise
 
 RANDOM_DRAWS = frozenset(

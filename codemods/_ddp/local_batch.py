@@ -12,14 +12,11 @@ from typing import Optional
 import libcst as cst
 
 from .._base import dotted_name, keyword_arg, walk
+from .._shapes import is_shape_argument
 from ..batch_scale import argparse_dest
 from .common import call_of
 from .queries import ScriptQueries
 
-# Tensor methods whose arguments are sizes.
-SHAPE_METHODS = frozenset(
-    {"view", "reshape", "expand", "repeat", "unflatten", "new_zeros", "new_ones", "new_empty", "new_full", "resize_"}
-)
 PER_PROCESS = frozenset({"accelmigrate.runtime.distributed.per_process_batch_size"})
 
 
@@ -90,20 +87,7 @@ class LocalBatchSize(ScriptQueries):
         )
 
     def _is_shape_argument(self, node: cst.CSTNode) -> bool:
-        """A size given to a torch function, a shape method or `range`, alone
-        or in a tuple (`torch.zeros((batch_size, 1))`)."""
-        argument = self.parent(node)
-        if isinstance(argument, cst.Element):
-            sequence = self.parent(argument)
-            argument = self.parent(sequence) if isinstance(sequence, (cst.Tuple, cst.List)) else None
-        if not isinstance(argument, cst.Arg) or self._is_member_name(node):
-            return False
-        call = self.parent(argument)
-        if not isinstance(call, cst.Call) or self.is_call_to(call, PER_PROCESS):
-            return False
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in SHAPE_METHODS:
-            return True
-        return self.is_call_to(call, {"builtins.range"}) or any(n.startswith("torch.") for n in self.qualified_names(call.func))
+        return is_shape_argument(self, node, PER_PROCESS)
 
     def _plan_local_batch(self, node: cst.CSTNode, batch: cst.BaseExpression) -> None:
         code = self._code(batch)
