@@ -263,3 +263,17 @@ def test_the_default_check_names_apex_amp_and_the_word_that_moves_it(project: Pa
     done = run_cli("apply", "--no-cache", "--to", "modernize,amp", "train.py", cwd=project)
     assert done.returncode == 0 and "AM227" not in done.stderr + done.stdout
     assert "apex" not in (project / "train.py").read_text()
+
+
+@pytest.mark.parametrize(
+    "imports, reported",
+    [
+        ("try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n", False),  # runs without apex
+        ("try:\n    from apex import amp\nexcept ImportError:\n    raise SystemExit('install apex')\n", True),
+        ("try:\n    import torch.cuda.amp\nexcept ImportError:\n    from apex import amp\n", True),
+    ],
+)
+def test_an_apex_import_the_script_runs_without_is_no_finding(project: Path, imports: str, reported: bool):
+    (project / "train.py").write_text(imports)
+    done = run_cli("check", "--no-cache", "train.py", cwd=project)
+    assert ("AM227" in done.stdout) is reported, done.stdout
