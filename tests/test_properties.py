@@ -103,6 +103,21 @@ REPRODUCTIONS = [
         "ddp,amp",
         id="teacher-device-read-by-the-student-step",
     ),
+    pytest.param(
+        # A GPU index that holds a placement of its own: `device_at(<its text>)`
+        # would copy the inner `.cuda()` unmigrated for a second run to rewrite.
+        "import torch\n\nx = torch.zeros(1).to(torch.device('cuda', torch.zeros(1).cuda([])))\n",
+        "device",
+        id="gpu-index-holding-a-placement",
+    ),
+    pytest.param(
+        # A torch.device is no tensor in memory: given as a loader's dataset, the
+        # loader gets workers on the first run as on the second (device_at(...)).
+        "import torch\nfrom torch.utils.data import DataLoader\n\n"
+        "for x in DataLoader(torch.device('cuda', rank), batch_size=4):\n    x.backward()\n",
+        "workers,device",
+        id="device-given-as-a-dataset",
+    ),
 ]
 
 

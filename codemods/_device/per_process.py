@@ -37,6 +37,8 @@ class PerProcessPlans:
             return ""
         if not self._runtime_name_free(site, "device_at", DEVICE_AT):
             return ""
+        if index is not None and _places_itself(index):
+            return ""  # its text is copied into `device_at(...)`: a placement in it would be left unmigrated
         self._device_at_sites[site] = code_of(index) if index is not None else ""
         return f"device_at({self._device_at_sites[site]})"
 
@@ -295,3 +297,8 @@ def _initializes_the_base(statement: cst.CSTNode) -> bool:
         and isinstance(call.func.value.func, cst.Name)
         and call.func.value.func.value == "super"
     )
+
+
+def _places_itself(index: cst.BaseExpression) -> bool:
+    """The index holds a placement of its own (`.cuda(...)`, `.to(...)`), which this codemod rewrites."""
+    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("cuda", "to") for n in walk(index))

@@ -196,7 +196,7 @@ class LoaderHazards(Codemod):
             if names & TENSOR_DATASET:
                 said.append("the dataset is tensors already in memory (TensorDataset)")
                 continue
-            if names and all(n.startswith("torch.") and not n.startswith("torch.utils.") and n.rpartition(".")[2] not in READERS for n in names):
+            if names and all(_makes_a_tensor(n) for n in names):
                 said.append("the dataset is a tensor already in memory")
                 continue
             classes = self.facts.classes_of(call.func)
@@ -327,6 +327,15 @@ def loader_argument(call: cst.Call, name: str) -> Optional[cst.Arg]:
     positional = [a for a in call.args if a.keyword is None and not a.star]
     index = POSITIONAL.index(name) if name in POSITIONAL else len(POSITIONAL)
     return positional[index] if index < len(positional) else None
+
+
+def _makes_a_tensor(qualified: str) -> bool:
+    """A torch function that makes a tensor in memory: not a reader of files,
+    nor torch.utils' (datasets, loaders), nor a device."""
+    return (
+        qualified.startswith("torch.") and not qualified.startswith("torch.utils.")
+        and qualified.rpartition(".")[2] not in READERS and qualified != "torch.device"
+    )
 
 
 def _gpu_uses(cls: cst.ClassDef) -> Iterable[cst.Call]:
