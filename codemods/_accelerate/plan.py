@@ -718,6 +718,41 @@ class Planner:
                 why = f" ({self.functions.why_not(function)})" if function is not None and self.functions.why_not(function) else ""
                 raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process{why}: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
 
+        self._plan_logging()
+
+    def _plan_logging(self) -> None:
+        """A logging call on a line of its own in the entry point (or a
+        function it passes the accelerator to) logs on the main process only,
+        as `accelerator.print` prints: the logging module's functions, and a
+        logger made by `logging.getLogger` here or bound in a module of the
+        project (ddp's `loggers` fact)."""
+        logged = 0
+        for call in self.uses.calls:
+            if not self._logs(call) or not self.in_entry(call):
+                continue
+            line = self._own_statement(call)
+            if not isinstance(line, cst.SimpleStatementLine) or not isinstance(line.body[0], cst.Expr) or line.body[0].value is not call:
+                continue
+            if line in self.plan.guarded or self.codemod.is_suppressed(line, "AM807"):
+                continue
+            self.plan.guarded.add(line)
+            logged += 1
+            if logged == 1:
+                self.plan.fixes.append((call, "AM807", f"logged by the main process only (`if {ACCELERATOR}.is_main_process:`)"))
+
+    def _logs(self, call: cst.Call) -> bool:
+        if self.codemod.is_call_to(call, v.LOGGING_CALLS):
+            return True
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in v.LOG_LEVELS and isinstance(func.value, cst.Name)):
+            return False
+        if self.codemod.qualified_names(func.value) & self.script.project.loggers:
+            return True
+        bound = self.script.bindings_of(func.value.value, func.value)
+        return bool(bound) and all(
+            b.kind == "assign" and isinstance(b.value, cst.Call) and self.codemod.is_call_to(b.value, {"logging.getLogger"}) for b in bound
+        )
+
     def _opens_for_writing(self, call: cst.Call) -> bool:
         if not self.codemod.is_call_to(call, {"builtins.open"}):
             return False

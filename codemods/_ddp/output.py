@@ -25,7 +25,7 @@ TQDM = frozenset(
 PRINT_LIKE = frozenset(
     {"builtins.print", "pprint.pprint", *(f"{name}.write" for name in TQDM if name.endswith(".tqdm"))}
 )
-LOGGING_CALLS = frozenset(f"logging.{level}" for level in v.LOG_LEVELS)
+LOGGING_CALLS = v.LOGGING_CALLS
 FILE_WRITES = frozenset(
     {
         "torch.save",

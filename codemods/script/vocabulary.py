@@ -216,11 +216,13 @@ DEVICE_PARAMETER_NAMES = frozenset({"device", "dev", "gpu"})
 
 # The logging methods of a logger (and functions of the logging module).
 LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "log")
+LOGGING_CALLS = frozenset(f"logging.{level}" for level in LOG_LEVELS)  # the logging module's own functions
 
 
 __all__ = [
     "DEVICE_PARAMETER_NAMES",
     "LOG_LEVELS",
+    "LOGGING_CALLS",
     "ALREADY_DISTRIBUTED",
     "AMP_NAMES",
     "AMP_PREFIXES",
