@@ -118,6 +118,15 @@ REPRODUCTIONS = [
         "workers,device",
         id="device-given-as-a-dataset",
     ),
+    pytest.param(
+        # `nn = nn.DataParallel(m)` in a function: the name is made by a call
+        # through itself, which the search for an imported callee followed forever.
+        "import torch\nimport torch.nn as nn\n\n\ndef train(loader):\n    model = nn.DataParallel(nn.Linear(2, 2))\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x in loader:\n        nn = nn.DataParallel(model)\n"
+        "        loss = model(x).sum()\n        loss.backward()\n        optimizer.step()\n",
+        "ddp",
+        id="name-made-through-itself",
+    ),
 ]
 
 

@@ -33,19 +33,20 @@ class ForeignCalls(HandedLoops):
             return False
         return not self._feeds_backward(call)
 
-    def _imported_callee(self, func: cst.BaseExpression) -> bool:
+    def _imported_callee(self, func: cst.BaseExpression, followed: frozenset = frozenset()) -> bool:
         """An imported function, or a method of an instance of an imported
         class (`early_stopping(val_loss, model)` with `early_stopping =
-        EarlyStopping(patience=7)` from the project's utils)."""
+        EarlyStopping(patience=7)` from the project's utils). A name made by a
+        call through itself (`nn = nn.DataParallel(m)`) is followed once."""
         root = func
         while isinstance(root, cst.Attribute):
             root = root.value
-        if not isinstance(root, cst.Name):
+        if not isinstance(root, cst.Name) or root.value in followed:
             return False
         if any(b.kind == "import" for b in self.script.bindings_of(root.value, root)):
             return True
         made = self._made_by_call(root)
-        return made is not None and self._imported_callee(made.func)
+        return made is not None and self._imported_callee(made.func, followed | {root.value})
 
     def _is_optimizer(self, value: cst.BaseExpression) -> bool:
         if isinstance(value, cst.Name):
