@@ -8,8 +8,8 @@ commands whose arguments are paths:
 
 - every argument after `--` is a path (the hooks' entries end with `--`),
   `-` too (a file of that name, never stdin), except one of the command's
-  own options that names no file: pre-commit puts a hook's `args:` (such as
-  `[--to, ddp]`) after the entry, before the files;
+  own options that names no file (not `--help`): pre-commit puts a hook's
+  `args:` (such as `[--to, ddp]`) after the entry, before the files;
 - before `--`, an argument that is none of the command's options but names
   an existing path is a path;
 - any other argument that looks like an option and is none is a usage error
@@ -54,7 +54,7 @@ def options_then_paths(args: list[str], options: Mapping[str, click.Option], ctx
             after_separator = True
             continue
         if after_separator:
-            if _is_option(token, options) and not os.path.lexists(token):  # a hook's args
+            if _is_option(token, options) and not _is_eager(token, options) and not os.path.lexists(token):  # a hook's args
                 _keep_option(token, tokens, options, kept, ctx)
             else:
                 paths.append(f".{os.sep}-" if token == "-" else token)  # after `--`, `-` is a file of that name
@@ -72,6 +72,12 @@ def options_then_paths(args: list[str], options: Mapping[str, click.Option], ctx
 
 def _is_option(token: str, options: Mapping[str, click.Option]) -> bool:
     return token.startswith("-") and token != "-" and (token in options or _is_joined_option(token, options))
+
+
+def _is_eager(token: str, options: Mapping[str, click.Option]) -> bool:
+    """`--help` (or `--version`): after `--`, a file of that name, never a help screen."""
+    option = options.get(token.split("=", 1)[0])
+    return option is not None and option.is_eager
 
 
 def _keep_option(token: str, tokens, options: Mapping[str, click.Option], kept: list[str], ctx) -> None:

@@ -137,17 +137,21 @@ def test_the_editors_settings_and_a_changed_pyproject_count(tmp_path):
 
 
 def test_a_large_document_never_holds_up_other_requests(editor, tmp_path):
+    """A document over 256 KB (most of it a table of comments, so that its
+    check stays cheap here) waits for a longer pause and is checked off the
+    request path: a request in between is answered at once."""
     uri = (tmp_path / "large.py").as_uri()
-    block = "".join(f"def step_{i}(x):\n    for j in range(3):\n        x = x + j\n        torch.cuda.empty_cache()\n    return x\n\n\n" for i in range(4000))
-    text = "import torch\n\n\n" + block
-    assert len(text) > 300_000
+    table = "".join(f"# row {i:06d} " + "x" * 60 + "\n" for i in range(4000))
+    text = "import torch\n\n" + table + "for step in range(3):\n    torch.cuda.empty_cache()\n"
+    assert len(text) > 256 * 1024
     editor.open(uri, text)
+    editor.diagnostics(uri, version=1, timeout=240)
     started = time.monotonic()
     editor.change(uri, 2, text + "# edited\n")
     assert editor.request("accelmigrate/status")["pid"] == editor.process.pid
-    assert time.monotonic() - started < 2  # answered while the large document waits or is checked
+    assert time.monotonic() - started < 0.5  # answered before the large document's pause is over
     found = editor.diagnostics(uri, version=2, timeout=240)
-    assert len([d for d in found if d["code"] == "AM210"]) == 4000
+    assert [d["code"] for d in found] == ["AM210"]
 
 
 def test_a_message_too_large_is_refused_not_allocated(tmp_path):
