@@ -64,7 +64,7 @@ def initialises_process_group(script: Path, search_path: Optional[Iterable[Path]
     tree = _parse(script)
     if tree is None:
         return None
-    folders = [script.resolve().parent, *(search_path if search_path is not None else _pythonpath())]
+    folders = [script.resolve().parent, *(search_path if search_path is not None else pythonpath_folders())]
     seen = {script.resolve()}
     pending = [tree]
     while pending:
@@ -80,7 +80,7 @@ def initialises_process_group(script: Path, search_path: Optional[Iterable[Path]
     return False
 
 
-def _pythonpath() -> list[Path]:
+def pythonpath_folders() -> list[Path]:
     return [Path(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
@@ -179,7 +179,7 @@ def module_entry_file(dotted: str) -> Optional[Path]:
     """The file `python -m DOTTED` runs from here (a module's own file, or a
     package's `__main__.py`), found on the current folder and PYTHONPATH as
     Python would, without importing anything; None where there is none."""
-    for folder in [Path.cwd(), *_pythonpath()]:
+    for folder in [Path.cwd(), *pythonpath_folders()]:
         base = folder.joinpath(*dotted.split("."))
         for candidate in (base.with_name(base.name + ".py"), base / "__main__.py"):
             if candidate.is_file():

@@ -58,7 +58,7 @@ from typing import Any, Mapping, Optional, Sequence
 import click
 
 from . import slurm
-from .process_group import initialises_process_group, module_entry_file
+from .process_group import initialises_process_group, module_entry_file, pythonpath_folders
 from .torch_check import require_torch
 
 RANK_ENTRY = "accelmigrate.runner"
@@ -82,11 +82,13 @@ class LaunchError(ValueError):
 # --- what the script does with the processes ------------------------------------------
 
 
-def check_process_group(script: str, processes: int, force: bool) -> None:
+def check_process_group(script: str, processes: int, force: bool, as_module: bool = False) -> None:
     """A script that never joins a process group, launched N times, is N
     independent copies each doing the whole job: refused when N > 1 (unless
-    `force`), a warning otherwise."""
-    if force or initialises_process_group(Path(script)) is not False:
+    `force`), a warning otherwise. A module run with `-m` imports from the
+    current folder too."""
+    search = [Path.cwd(), *pythonpath_folders()] if as_module else None
+    if force or initialises_process_group(Path(script), search) is not False:
         return
     found_nowhere = (
         f"{script} never initialises a process group (no init_process_group, init_distributed, "
@@ -556,7 +558,7 @@ def run_command(
                 cpus_per_task=cpus_per_task,
                 max_restarts=max_restarts,
             )
-            check_process_group(source, job.nodes * (job.nproc_per_node or job.gpus_per_node or 1), force)
+            check_process_group(source, job.nodes * (job.nproc_per_node or job.gpus_per_node or 1), force, module is not None)
             _write_sbatch(slurm_script, slurm.sbatch_script(script, script_args, job, sys.executable))
             return
         _reject_batch_only_options(
@@ -588,7 +590,7 @@ def run_command(
             rdzv_id=rdzv_id,
             max_restarts=max_restarts,
         )
-        check_process_group(source, processes * _max_nodes(nnodes or "1"), force)
+        check_process_group(source, processes * _max_nodes(nnodes or "1"), force, module is not None)
     except (LaunchError, slurm.SlurmError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(launch(argv))

@@ -183,15 +183,17 @@ def test_run_takes_a_module_as_python_m_does(tmp_path: Path):
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "settings.py").write_text("WIDTH = 3\n")
+    (package / "distributed.py").write_text('import torch.distributed as dist\n\n\ndef join():\n    dist.init_process_group("gloo")\n')
     (package / "main.py").write_text(textwrap.dedent(
         """\
         import sys
 
         import torch.distributed as dist
 
+        from trainer.distributed import join
         from trainer.settings import WIDTH
 
-        dist.init_process_group("gloo")
+        join()  # the group is joined in a module of the package: seen, so the launch is not refused
         print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {sys.argv[1:]} {WIDTH} {__name__}")
         dist.destroy_process_group()
         """
