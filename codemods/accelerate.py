@@ -222,6 +222,7 @@ class AccelerateCodemod(Codemod):
         "AM830": "loop exit decided on each process's own value",
         "AM831": "random draw in a loop that trains, alike on every process (a GAN's noise)",
         "AM832": "global batch size shaping this process's share of the batch",
+        "AM833": "running total of a training loop read after it: one process's share of the one-process total",
     }
     notes = frozenset({"AM811", "AM816", "AM817", "AM822"})
     triggers = ("backward",)

@@ -166,6 +166,14 @@ What it does
       `self(x)` becomes a call of the wrapper (`model.predict(x)` ->
       `model(x)`); `model[0]`, and tools that trace or inspect the module
       (`writer.add_graph(model, ...)`, torchinfo's `summary(model)`);
+    - combines the running totals of a loop that trains across the ranks
+      right after it (AM514): each rank adds up only its share of every
+      batch, so `print(running_loss / len(loader.dataset))` after the loop
+      would print a world-size fraction of the epoch's loss; sums and counts
+      (`loss.item() * x.size(0)`, `(pred == y).sum().item()`, `y.size(0)`)
+      become `sum_across_ranks(...)`, per-batch means (`loss.item()` of a
+      criterion's mean) `average_across_ranks(...)`: the one-process totals,
+      on every rank (codemods/_ddp/rank_totals.py);
     - gives `--local_rank` / `--local-rank` a default read from LOCAL_RANK,
       where torchrun puts it;
     - migrates a training loop of another module of the project together
@@ -276,6 +284,7 @@ from ._ddp.decisions import RankDecisions
 from ._ddp.entry import ProcessGroupEntry
 from ._ddp.loaders import LoaderSharding
 from ._ddp.output import RankZeroOutput
+from ._ddp.rank_totals import RankTotals
 from ._ddp.sibling_loop import ImportedTrainingLoop
 from ._ddp.wrap import ModelWrapping
 from .script import vocabulary as v
@@ -296,6 +305,8 @@ ADDED_NAMES = {
     "main_process_first": RUNTIME,
     "rank_local_buffers": RUNTIME,
     "rank_zero_decides": RUNTIME,
+    "sum_across_ranks": RUNTIME,
+    "average_across_ranks": RUNTIME,
     "sum_gradients_across_ranks": "accelmigrate.runtime.gradients",
     "draw_rank_share": RUNTIME,
     "rank_share": RUNTIME,
@@ -316,10 +327,12 @@ ONE_FINDING_PER_FILE = {
     ),
 }
 # Needed only where a file rank 0 writes is read back; a clash leaves those reads to the author.
-ADDED_WHERE_NEEDED = frozenset({"set_loader_epoch", "barrier", "main_process_first", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
+ADDED_WHERE_NEEDED = frozenset({"set_loader_epoch", "sum_across_ranks", "average_across_ranks", "barrier", "main_process_first", "rank_zero_decides", "draw_rank_share", "rank_share", "sharded_loader_kwargs", "NullWriter"})
 
 
-class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, ProcessGroupEntry, ImportedTrainingLoop):
+class DistributedDataParallelCodemod(
+    ModelWrapping, LoaderSharding, RankZeroOutput, RankDecisions, RankTotals, ProcessGroupEntry, ImportedTrainingLoop
+):
     word = "ddp"
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     reads_handoffs = True  # a model wrapped here for a loop of another module: codemods/_ddp/handed_loops.py
@@ -339,6 +352,7 @@ class DistributedDataParallelCodemod(ModelWrapping, LoaderSharding, RankZeroOutp
         "AM511": "loop exit decided on each rank's own value",
         "AM512": "backward through a graph already backpropagated (`retain_graph=True`)",
         "AM513": "DataParallel around a model that only runs inference",
+        "AM514": "running total of a training loop read after it: one rank's share of the one-process total",
         "AM520": "model that cannot be wrapped safely",
         "AM521": "training loop, epoch loop or training DataLoader not found",
         "AM522": "DataLoader with a custom sampler",

@@ -191,6 +191,7 @@ class FabricCodemod(AccelerateCodemod):
         "AM930": "loop exit decided on each process's own value",
         "AM931": "random draw in a loop that trains, alike on every process (a GAN's noise)",
         "AM932": "global batch size shaping this process's share of the batch",
+        "AM933": "running total of a training loop read after it: one process's share of the one-process total",
     }
     notes = frozenset({"AM910", "AM911", "AM914", "AM916", "AM917", "AM922"})
     triggers = ("backward",)

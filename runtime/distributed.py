@@ -13,7 +13,8 @@ not wrapped).
 Helpers that migrated scripts call: `is_distributed()`, `is_main_process()`,
 `global_rank()`, `world_size()`, `ddp_device_ids(model)`,
 `unwrap_model(model)`, `per_process_batch_size(batch_size)`, `barrier()`,
-`sum_across_ranks(...)`, `mean_across_ranks(total, count)`,
+`sum_across_ranks(...)`, `average_across_ranks(...)`, `mean_across_ranks(total,
+count)`,
 `rank_zero_decides(condition)`, `rank_local_buffers()`,
 `draw_rank_share(draw, batch, *size)` and `rank_share(batch)` (a batch drawn
 without a DataLoader); and `SeededDistributedSampler`, the training
@@ -358,23 +359,47 @@ def rank_zero_decides(condition: object) -> bool:
     return decision
 
 
-def sum_across_ranks(*values: Number) -> Union[float, tuple[float, ...]]:
-    """The sums over all ranks of each value (numbers or one-element tensors),
-    as floats: one value gives a float, several give a tuple."""
-    local = [float(v.detach().sum().item()) if isinstance(v, torch.Tensor) else float(v) for v in values]
-    if _in_group():
-        tensor = torch.tensor(local, dtype=torch.float64, device=_collective_device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        local = tensor.tolist()
-    return local[0] if len(local) == 1 else tuple(local)
+def sum_across_ranks(*values: Number) -> Any:
+    """The sums over all ranks of each value, in one all-reduce, each of its
+    own type: an int stays an int, a float a float, a tensor a tensor of its
+    shape, dtype and device. One value gives its sum, several a tuple."""
+    summed = _across_ranks(values)
+    return summed[0] if len(summed) == 1 else tuple(summed)
+
+
+def average_across_ranks(*values: Number) -> Any:
+    """The means over all ranks of each value (as `sum_across_ranks`): a
+    running total of per-batch means, each rank's over its share of every
+    batch, averaged into the one-process total."""
+    averaged = [value / dist.get_world_size() for value in _across_ranks(values)] if _in_group() else list(values)
+    return averaged[0] if len(averaged) == 1 else tuple(averaged)
 
 
 def mean_across_ranks(total: Number, count: Number) -> float:
     """A metric over every rank's share of the data: the sum of the totals
     divided by the sum of the counts (never the mean of per-rank means, which
     weighs a rank with fewer samples as much as one with more)."""
-    total_sum, count_sum = sum_across_ranks(total, count)
+    total_sum, count_sum = (float(v) for v in _across_ranks((total, count)))
     return total_sum / count_sum if count_sum else float("nan")
+
+
+def _across_ranks(values: tuple) -> list:
+    """VALUES summed over the ranks, each kept in its own type."""
+    if not _in_group():
+        return list(values)
+    parts = [v.detach().reshape(-1).to(torch.float64).cpu() if isinstance(v, torch.Tensor) else torch.tensor([float(v)], dtype=torch.float64) for v in values]
+    flat = torch.cat(parts).to(_collective_device())
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    sums = flat.cpu().split([part.numel() for part in parts])
+    return [_like(value, total) for value, total in zip(values, sums)]
+
+
+def _like(value: Number, total: torch.Tensor) -> Number:
+    if isinstance(value, torch.Tensor):
+        return total.reshape(value.shape).to(dtype=value.dtype, device=value.device)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(round(total.item()))
+    return total.item()
 
 
 def _collective_device() -> torch.device:
@@ -408,6 +433,7 @@ def first_slurm_host(nodelist: str) -> str:
 
 __all__ = [
     "SeededDistributedSampler",
+    "average_across_ranks",
     "barrier",
     "ddp_device_ids",
     "destroy_distributed",

@@ -43,6 +43,7 @@ from .draws import Draws, contiguous_rows
 from .functions import DEVICE_NAME_FLAGS, EntryFunctions, ExitsThroughParameters, cpu_flag, gpu_index_flag, own_scope
 from .metrics import ShardedEvaluation
 from .precision import Precision
+from .totals import accelerator_combined, plan_running_totals
 
 # What DistributedDataParallel answers itself, as the bare module would.
 WRAPPER_SAFE = frozenset(
@@ -92,6 +93,7 @@ class Planner:
         self._plan_data_parallel()
         prepared = self._plan_prepare(steps)
         self._plan_local_batch_shapes(steps)
+        plan_running_totals(self, steps, self.combined_total)
         self._write_accelerator()
         self._plan_backward(steps)
         self._plan_clipping()
@@ -582,6 +584,9 @@ class Planner:
                     ):
                         self.plan.edit(node, lambda updated: cst.BinaryOperation(updated, cst.FloorDivide(), expression(f"{ACCELERATOR}.num_processes")))
                         self.plan.fixes.append((node, "AM832", f"`{size} // {ACCELERATOR}.num_processes`: each process holds its share of the batch of `{size}` that the loader now splits"))
+
+    # A running total of a training loop, combined across the processes (totals.py).
+    combined_total = staticmethod(accelerator_combined)
 
     @staticmethod
     def _binds(loop: cst.For, name: str) -> bool:

@@ -116,6 +116,7 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
                 self._plan_set_epoch(loop, expression, path)
             except CannotMigrate as problem:
                 self.report(problem.node, problem.code, problem.message)
+            self._plan_rank_totals(loop)
 
     def _bound_loader(self, call: cst.Call) -> Optional[Var]:
         """`loader` of `loader = DataLoader(...)`."""
@@ -159,7 +160,8 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
         sharded loader: `set_loader_epoch(loader, epoch)` in an epoch loop
         here (it leaves a loader without a DistributedSampler as it is: a
         caller outside the run may hand it a plain one), each rank's own
-        noise; a shape sized by a global batch size stops ddp here."""
+        noise, the running totals combined across the ranks; a shape sized by
+        a global batch size stops ddp here."""
         found = False
         for loader in self._received_loaders():
             found = True
@@ -169,6 +171,7 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
                         self._refuse_global_batch_shapes(loop)
                         self._plan_batch_draws(loop, None)
                         self._plan_set_epoch(loop, reference, path, received=True)
+                        self._plan_rank_totals(loop)
         return found
 
     def _refuse_global_batch_shapes(self, loop: cst.CSTNode) -> None:

@@ -21,6 +21,7 @@ import libcst as cst
 
 from .._accelerate.common import CannotMigrate, statement
 from .._accelerate.plan import THROUGH_UNWRAP, WRAPPER_SAFE, Planner
+from .._accelerate.totals import reduction_of
 from .._base import CLIP_GRAD_FUNCTIONS, code_of, dotted_name, keyword_arg
 from ..script.accumulate_facts import (
     _is_lengthless_dataset as is_iterable_dataset,  # an IterableDataset class of the file
@@ -43,6 +44,16 @@ CLIP_SETTINGS = {"clip_grad_norm_": ("max_norm", "norm_type", "error_if_nonfinit
 class FabricPlanner(Planner):
     own_rows = staticmethod(strided_rows)
     dispatches_shuffled_loaders = False  # the DistributedSampler draws from its own generator on every process
+
+    @staticmethod
+    def combined_total(total) -> str:
+        """`fabric.all_reduce`, which makes a number a tensor (an int an int32, a float a float32: a float goes in
+        as float64 to come back exact)."""
+        reduction = reduction_of(total)
+        if total.python_type is None:
+            return f'{total.name} = {FABRIC}.all_reduce({total.name}, reduce_op="{reduction}")'
+        value = total.name if total.python_type == "int" and reduction == "sum" else f"torch.tensor({total.name}, dtype=torch.float64)"
+        return f'{total.name} = {FABRIC}.all_reduce({value}, reduce_op="{reduction}").item()'
 
     def make(self):
         plan = super().make()

@@ -86,6 +86,12 @@ def loss_reduction(script: ScriptModel, expression: cst.BaseExpression) -> Optio
     return found if found in (MEAN, SUM, UNCLEAR) else None
 
 
+def reads_as(script: ScriptModel, expression: cst.BaseExpression) -> Optional[str]:
+    """What the reading finds `expression` to be: MEAN, SUM, UNCLEAR, or one
+    of the internal values (PER_SAMPLE, CONSTANT, BATCH, ...); None if nothing."""
+    return script.derived(_Reading).value(expression, {}, 0)
+
+
 def training_reductions(script: ScriptModel, model: str) -> set:
     """The reductions of the losses that the training steps training `model`
     (as bound: "model", "self.net"; every step of the file when none names
