@@ -174,8 +174,18 @@ class Planner:
         return list(found)
 
     def _entry_body(self) -> list:
+        """The entry point's statements; at module level, the `__main__` block's own statements in its place
+        (a script whose training runs in that block: they run as the module's, and bind its globals)."""
         node = self.entry.node
-        return list(node.body if isinstance(node, cst.Module) else node.body.body)
+        if not isinstance(node, cst.Module):
+            return list(node.body.body)
+        return [inner for s in node.body for inner in (self._main_block() if s is self.script.entry.main_guard else [s])]
+
+    def _main_block(self) -> list:
+        guard = self.script.entry.main_guard
+        if guard is None or guard.orelse is not None or not isinstance(guard.body, cst.IndentedBlock):
+            return [guard] if guard is not None else []
+        return list(guard.body.body)
 
     def in_entry(self, node: cst.CSTNode) -> bool:
         """In the entry point's own code, or in a function it alone calls, which receives the accelerator."""
@@ -198,8 +208,8 @@ class Planner:
 
     def _plan_accelerator(self) -> None:
         if self.entry.kind == "module":
-            flat = set(self.script.entry.flat)
-            anchor = next((s for s in self.body if s in flat), None)
+            runs = {*self.script.entry.flat, *(s for s in self._main_block() if s is not self.script.entry.main_guard)}
+            anchor = next((s for s in self.body if s in runs), None)
         else:
             anchor = next((s for s in self.body if not is_docstring(s)), None)
         if anchor is None:
@@ -228,6 +238,8 @@ class Planner:
             if binding.kind == "flag" and self.moved_after is None and self._read_cpu_flag(binding):
                 continue
             if binding.kind == "flag" and self._read_gpu_index_flag(binding):
+                continue
+            if self._chosen_per_process(binding):
                 continue
             if binding.kind in ("torch.device", "string", "get_device") and binding.scope is self.entry:
                 target = self.codemod.parent(binding.node)
@@ -261,6 +273,34 @@ class Planner:
             if not any(b.node is call or self.codemod.parent(call) is self.codemod.parent(b.node) for b in self.script.devices):
                 if any(isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call)}` in an expression: accelerate changed nothing; use `{ACCELERATOR}.device` there, then run accelerate again")
+
+    def _chosen_per_process(self, binding) -> bool:
+        """`device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` at module level, read only in
+        functions that run after the Accelerator is made: right as it is. Without an index, "cuda" is the current
+        GPU, which Accelerate makes each process's own, and the choice is the Accelerator's
+        (`cpu=not torch.cuda.is_available()`); read at import, it would place on the first GPU in every process."""
+        if self.entry.kind != "function" or binding.scope is not self.script.module_scope or not isinstance(binding.node, cst.Name):
+            return False
+        if any(b.kind == "flag" for b in self.script.devices):
+            return False  # the Accelerator then follows the flag
+        assign = self.codemod.parent(self.codemod.parent(binding.node))
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+            return False
+        value = assign.value
+        if isinstance(value, cst.Call) and self.script.is_call_to(value, {"torch.device"}) and len(value.args) == 1 and value.args[0].keyword is None:
+            value = value.args[0].value
+        if not (
+            isinstance(value, cst.IfExp) and isinstance(value.body, cst.SimpleString) and isinstance(value.orelse, cst.SimpleString)
+            and (value.body.evaluated_value, value.orelse.evaluated_value) == ("cuda", "cpu")
+            and isinstance(value.test, cst.Call) and self.script.is_call_to(value.test, {"torch.cuda.is_available"})
+        ):
+            return False
+        at_import = set(self.script.entry.runs_at_import)
+        for read in self.uses.reads(binding.name, self.script.module_scope):
+            function = self.script.flow.function_of(self.script.scope_of(read))
+            if function is None or function.name in at_import:
+                return False
+        return True
 
     def _device_refusal(self, binding) -> str:
         if binding.kind == "flag":
