@@ -198,3 +198,58 @@ def test_a_device_the_model_is_moved_to_keeps_autocast_on_it():
     source = (CASES / "device_never_used.py").read_text(encoding="utf-8").replace("net = Net()", "net = Net().to(device)")
     code = migrate_source(source, [("amp", {})]).code
     assert "device_type=device.type" in code and 'device_type="cpu"' not in code
+
+
+DEFAULT_STRING_DEVICE = '''\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, model, loader, device="cpu"):
+        self.model = model.to(device)
+        self.loader = loader
+        self.device = device
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def train_epoch(self):
+        for x, y in self.loader:
+            x, y = x.to(self.device), y.to(self.device)
+            loss = nn.functional.mse_loss(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+    @torch.no_grad()
+    def sample(self):
+        return self.model(torch.randn(4, 4, device=self.device))
+
+
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+    trainer = Trainer(nn.Linear(4, 1), loader, device=device)
+    trainer.train_epoch()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_constructors_string_default_device_is_read_as_a_device(tmp_path):
+    """The file's own call passes a torch.device, but a call from elsewhere
+    that leaves `device` out passes the string default: autocast reads its
+    type through `torch.device(...)`, in training and in sampling alike."""
+    migrated = migrate_source(DEFAULT_STRING_DEVICE, [("amp", {})], "trainer.py").code
+    assert "self.device.type" not in migrated and migrated.count("device_type=torch.device(self.device).type") == 2
+    (tmp_path / "trainer.py").write_text(migrated)
+    (tmp_path / "elsewhere.py").write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom trainer import Trainer\n\n"
+        "trainer = Trainer(nn.Linear(4, 1), DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4))\n"
+        "trainer.train_epoch()\nprint(tuple(trainer.sample().shape))\n"
+    )
+    ran = run_python(tmp_path / "elsewhere.py", cwd=tmp_path, env={PRECISION_VARIABLE: "bf16"})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() == "(4, 1)"

@@ -476,6 +476,9 @@ class Resolution:
         string) may be a string, whose type `torch.device(x).type` reads alike."""
         if ref.kind == "param":
             passed = self.passed.get(ref.key)
+            default = next((b.value for b in ref.home.bindings.get(ref.name, ()) if b.kind == "param"), None)
+            if default is not None and not self._makes_device_object(default, depth + 1):
+                return False  # a call from elsewhere that leaves it out passes the default (`device="cuda"`)
             return passed is not None and depth < 4 and all(self.is_device_object(source, depth + 1) for _, source in passed[1])
         if ref.key in self.model_devices:
             return True  # bound by amp itself: `next(model.parameters()).device`
