@@ -111,6 +111,13 @@ REPRODUCTIONS = [
         id="gpu-index-holding-a-placement",
     ),
     pytest.param(
+        # A GPU index that is a device itself (`torch.device('cuda', torch.device('cuda', i))`): the
+        # inner one becomes `device_at(i)` on the first run, which the outer must not take as a plain index.
+        "import torch\nimport torch.nn as nn\n\nmodel = nn.Linear(2, 2).cuda()\n\n\ndef pick(i):\n    return torch.device('cuda', torch.device('cuda', i))\n",
+        "device",
+        id="gpu-index-that-is-a-device",
+    ),
+    pytest.param(
         # A torch.device is no tensor in memory: given as a loader's dataset, the
         # loader gets workers on the first run as on the second (device_at(...)).
         "import torch\nfrom torch.utils.data import DataLoader\n\n"

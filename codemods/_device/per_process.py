@@ -37,7 +37,7 @@ class PerProcessPlans:
             return ""
         if not self._runtime_name_free(site, "device_at", DEVICE_AT):
             return ""
-        if index is not None and _places_itself(index):
+        if index is not None and (_places_itself(index) or self.script.holds_device(index, site)):
             return ""  # its text is copied into `device_at(...)`: a placement in it would be left unmigrated
         self._device_at_sites[site] = code_of(index) if index is not None else ""
         return f"device_at({self._device_at_sites[site]})"
@@ -300,5 +300,12 @@ def _initializes_the_base(statement: cst.CSTNode) -> bool:
 
 
 def _places_itself(index: cst.BaseExpression) -> bool:
-    """The index holds a placement of its own (`.cuda(...)`, `.to(...)`), which this codemod rewrites."""
-    return any(isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("cuda", "to") for n in walk(index))
+    """The index holds a placement of its own (`.cuda(...)`, `.to(...)`, a `torch.device(...)`), which this
+    codemod rewrites (into a `device_at(...)`, which stays one on the next run)."""
+    return any(
+        isinstance(n, cst.Call) and (
+            (isinstance(n.func, cst.Attribute) and n.func.attr.value in ("cuda", "to", "device"))
+            or (isinstance(n.func, cst.Name) and n.func.value in ("device", "device_at"))
+        )
+        for n in walk(index)
+    )
