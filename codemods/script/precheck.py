@@ -32,7 +32,7 @@ DDP_ADDED_NAMES = frozenset(
         "DistributedDataParallel", "SeededDistributedSampler", "barrier", "ddp_device_ids", "draw_rank_share",
         "init_distributed", "is_distributed", "is_main_process", "main_process_first", "per_process_batch_size", "rank_local_buffers",
         "NullWriter", "rank_share", "rank_zero_decides", "sharded_loader_kwargs", "sum_gradients_across_ranks", "unwrap_model",
-        "world_size", "set_loader_epoch",
+        "world_size", "set_loader_epoch", "sum_across_ranks", "average_across_ranks",
     }
 )  # fmt: skip
 FSDP_ADDED_NAMES = frozenset({"shard_model", "save_full_state_dict", "load_full_state_dict"})
