@@ -69,9 +69,16 @@ def run_verify(*args: str, env: dict | None = None):
 
 
 def run_python(script: Path, *args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 300):
-    """Run a Python script in a fresh interpreter on the CPU; returns the CompletedProcess."""
+    """Run a Python script as its own interpreter on the CPU (a child of the
+    warm one, tests/warm_python.py); returns the CompletedProcess."""
+    import warm_python
+
     full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return run_launch([sys.executable, str(script), *args], env=full_env, cwd=cwd or script.parent, timeout=timeout)
+    command = [sys.executable, str(script), *args]
+    return rerun_on_teardown_abort(
+        lambda: warm_python.run(command, full_env, cwd or script.parent, timeout),
+        lambda done: done.returncode != 0 and TEARDOWN_ABORT in done.stderr,
+    )
 
 
 def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, env: dict | None = None):

@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+import warm_python
 from conftest import SCRIPTS, TEARDOWN_ABORT, TEARDOWN_RERUNS
 
 LAUNCH_TIMEOUT = 600
@@ -68,6 +69,9 @@ class Launch:
         self._start()
 
     def _popen(self, command: list[str], env: dict, cwd: Path) -> None:
+        if warm_python.runs_warm(command):  # `python script.py`: a child of the warm interpreter
+            self.process = warm_python.start(command, env, cwd, self.stdout_path, self.stderr_path)
+            return
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
 

@@ -20,6 +20,7 @@ from accelmigrate.engine import migrate_source
 from accelmigrate.explain import page
 from accelmigrate.runtime import speed
 
+import warm_python
 from conftest import SCRIPTS, run_cli, run_python
 
 SPEED_WORDS = ("channels-last", "fused-optim", "compile", "tf32", "cudnn-benchmark", "safe-load")
@@ -184,18 +185,18 @@ SCRIPT_ARGUMENTS = {
 }
 
 
-def started_python(script: Path, *args: str) -> subprocess.Popen:
-    """`run_python`, started and not waited for."""
+def started_python(script: Path, *args: str, folder: Path):
+    """`run_python`, started and not waited for; its output goes to `folder`."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, str(script), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=script.parent,
-    )
+    command = [sys.executable, str(script), *args]
+    process = warm_python.start(command, env, script.parent, folder / "stdout", folder / "stderr")
+    return command, process, folder
 
 
-def finished(process: subprocess.Popen) -> subprocess.CompletedProcess:
-    stdout, stderr = process.communicate(timeout=300)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+def finished(started) -> subprocess.CompletedProcess:
+    command, process, folder = started
+    process.wait(300)
+    return subprocess.CompletedProcess(command, process.returncode, (folder / "stdout").read_text(), (folder / "stderr").read_text())
 
 
 def bundled_scripts():
@@ -213,7 +214,9 @@ def test_fast_runs_every_bundled_script(name: str, tmp_path: Path):
         out = tmp_path / f"{spec}-out"
         out.mkdir()
         arguments = SCRIPT_ARGUMENTS.get(name, lambda _: [])(out)
-        runs[spec] = started_python(migrated(script, spec, tmp_path / spec), *arguments)
+        log = tmp_path / f"{spec}-log"
+        log.mkdir()
+        runs[spec] = started_python(migrated(script, spec, tmp_path / spec), *arguments, folder=log)
     checklist, fast = (finished(runs[spec]) for spec in ("checklist", "fast"))
     assert fast.returncode == checklist.returncode, fast.stderr[-3000:]
     if checklist.returncode == 0 and FINAL_LOSS.search(checklist.stdout):
