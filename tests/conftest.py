@@ -41,11 +41,14 @@ def rerun_on_teardown_abort(attempt, failed_with_abort):
     return result
 
 
-def run_launch(command: list, **kwargs) -> subprocess.CompletedProcess:
-    """`subprocess.run(command, capture_output=True, text=True, **kwargs)`,
+def run_launch(command: list, env: dict | None = None, cwd: Path | None = None, timeout: float = 300, input: str | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True, ...)` (in a
+    child of the warm interpreter where it can be, tests/warm_python.py),
     again if it ended in the gloo teardown abort."""
+    import warm_python
+
     return rerun_on_teardown_abort(
-        lambda: subprocess.run(command, capture_output=True, text=True, **kwargs),
+        lambda: warm_python.run(command, dict(os.environ) if env is None else env, cwd, timeout, input),
         lambda done: done.returncode != 0 and TEARDOWN_ABORT in done.stderr,
     )
 
@@ -69,16 +72,9 @@ def run_verify(*args: str, env: dict | None = None):
 
 
 def run_python(script: Path, *args: str, env: dict | None = None, cwd: Path | None = None, timeout: int = 300):
-    """Run a Python script as its own interpreter on the CPU (a child of the
-    warm one, tests/warm_python.py); returns the CompletedProcess."""
-    import warm_python
-
+    """Run a Python script as its own interpreter on the CPU; returns the CompletedProcess."""
     full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **(env or {})}
-    command = [sys.executable, str(script), *args]
-    return rerun_on_teardown_abort(
-        lambda: warm_python.run(command, full_env, cwd or script.parent, timeout),
-        lambda done: done.returncode != 0 and TEARDOWN_ABORT in done.stderr,
-    )
+    return run_launch([sys.executable, str(script), *args], env=full_env, cwd=cwd or script.parent, timeout=timeout)
 
 
 def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, env: dict | None = None):

@@ -54,6 +54,16 @@ def test_each_warm_run_seeds_torch_afresh_as_a_new_interpreter_does(tmp_path: Pa
     assert len(seeds) == 2
 
 
+def test_a_warm_module_run_is_a_cold_one(tmp_path: Path):
+    (tmp_path / "train.py").write_text("import torch\nloss = torch.ones(2).cuda().sum()\n")
+    command = [sys.executable, "-m", "accelmigrate", "check", "--no-cache", "train.py"]
+    assert warm_python.runs_warm(command)
+    warm = warm_python.run(command, dict(os.environ), tmp_path, timeout=120)
+    cold = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert "1 file(s) checked" in warm.stderr
+
+
 def test_a_command_the_warm_interpreter_cannot_be_runs_as_a_subprocess(tmp_path: Path):
     assert not warm_python.runs_warm([sys.executable, "-c", "print(1)"])
     assert not warm_python.runs_warm(["torchrun", "train.py"])
