@@ -10,13 +10,13 @@ tells the user what to do by hand. The engine runs it through a
 
 from __future__ import annotations
 
-from typing import ClassVar, Collection, Iterable, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, ClassVar, Collection, Iterable, Mapping, Optional, Sequence, Union
 
 import libcst as cst
-import libcst.matchers as m
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import ParentNodeProvider, PositionProvider
+
+if TYPE_CHECKING:  # LibCST's codemod package is imported only where imports are asked for (a third of a check's CPU)
+    from libcst.codemod import CodemodContext
 
 from ._syntax import (  # noqa: F401 (re-exported: the codemods import them from here)
     CLIP_GRAD_FUNCTIONS,
@@ -213,8 +213,12 @@ class Codemod(cst.CSTTransformer):
     # -- imports -------------------------------------------------------------
 
     def add_import(self, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
-        """Schedule `import module` / `from module import obj`; the engine applies it."""
-        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+        """Schedule `import module` / `from module import obj`; the engine
+        applies it where the new tree is wanted."""
+        if self.rewrite:
+            from libcst.codemod.visitors import AddImportsVisitor
+
+            AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
         self.imports_changed = True
 
     def remove_import_of(self, node: cst.CSTNode) -> None:
@@ -224,6 +228,8 @@ class Codemod(cst.CSTTransformer):
         the whole module for it, and a check that only wants findings does
         not print the tree."""
         if self.rewrite:
+            from libcst.codemod.visitors import RemoveImportsVisitor
+
             RemoveImportsVisitor.remove_unused_import_by_node(self.context, node)
         self.imports_changed = True
 
@@ -401,6 +407,5 @@ __all__ = [
     "has_star_args",
     "is_name",
     "keyword_arg",
-    "m",
     "remove_statements",
 ]
