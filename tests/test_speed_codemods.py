@@ -20,8 +20,8 @@ from accelmigrate.engine import migrate_source
 from accelmigrate.explain import page
 from accelmigrate.runtime import speed
 
-import warm_python
 from conftest import SCRIPTS, run_cli, run_python
+from launching import Launch
 
 SPEED_WORDS = ("channels-last", "fused-optim", "compile", "tf32", "cudnn-benchmark", "safe-load")
 FINAL_LOSS = re.compile(r"final loss: (\S+)")
@@ -185,20 +185,6 @@ SCRIPT_ARGUMENTS = {
 }
 
 
-def started_python(script: Path, *args: str, folder: Path):
-    """`run_python`, started and not waited for; its output goes to `folder`."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, str(script), *args]
-    process = warm_python.start(command, env, script.parent, folder / "stdout", folder / "stderr")
-    return command, process, folder
-
-
-def finished(started) -> subprocess.CompletedProcess:
-    command, process, folder = started
-    process.wait(300)
-    return subprocess.CompletedProcess(command, process.returncode, (folder / "stdout").read_text(), (folder / "stderr").read_text())
-
-
 def bundled_scripts():
     return sorted(p.name for p in SCRIPTS.glob("*.py"))
 
@@ -209,15 +195,15 @@ def test_fast_runs_every_bundled_script(name: str, tmp_path: Path):
     """`--to fast` against `--to checklist`: the speed words add nothing that
     fails on a CPU, and a script that prints its final loss prints the same."""
     script = SCRIPTS / name
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
     runs = {}
     for spec in ("checklist", "fast"):  # both at once: two cores, half the time
         out = tmp_path / f"{spec}-out"
         out.mkdir()
         arguments = SCRIPT_ARGUMENTS.get(name, lambda _: [])(out)
-        log = tmp_path / f"{spec}-log"
-        log.mkdir()
-        runs[spec] = started_python(migrated(script, spec, tmp_path / spec), *arguments, folder=log)
-    checklist, fast = (finished(runs[spec]) for spec in ("checklist", "fast"))
+        copy = migrated(script, spec, tmp_path / spec)
+        runs[spec] = Launch(tmp_path, spec, [sys.executable, str(copy), *arguments], env, copy.parent)
+    checklist, fast = (runs[spec].wait() for spec in ("checklist", "fast"))
     assert fast.returncode == checklist.returncode, fast.stderr[-3000:]
     if checklist.returncode == 0 and FINAL_LOSS.search(checklist.stdout):
         assert final_loss(fast) == final_loss(checklist)

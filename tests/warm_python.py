@@ -136,14 +136,9 @@ class WarmProcess:
     def __init__(self, server: "WarmServer", pid: int) -> None:
         self._server, self.pid, self.returncode = server, pid, None
 
-    def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            self.returncode = self._server.returncode_of(self.pid, wait=False)
-        return self.returncode
-
     def wait(self, timeout: Optional[float] = None) -> int:
         if self.returncode is None:
-            found = self._server.returncode_of(self.pid, wait=True, timeout=timeout)
+            found = self._server.returncode_of(self.pid, timeout)
             if found is None:
                 raise subprocess.TimeoutExpired([str(self.pid)], timeout)
             self.returncode = found
@@ -191,7 +186,7 @@ class WarmServer:
     def start(self, module: Optional[str], script: Optional[Path], argv: list[str], env: dict, cwd: Path, stdout: Path, stderr: Path) -> WarmProcess:
         with self._lock:
             request_id, self._next_id = self._next_id, self._next_id + 1
-            request = {"id": request_id, "module": module, "script": str(script), "argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
+            request = {"id": request_id, "module": module, "script": str(script) if script else None, "argv": argv, "env": env, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
             self._process.stdin.write((json.dumps(request) + "\n").encode())
             self._process.stdin.flush()
             if not self._lock.wait_for(lambda: request_id in self._started or not self.alive(), timeout=60):
@@ -200,10 +195,10 @@ class WarmServer:
                 raise RuntimeError("the warm interpreter ended")
             return WarmProcess(self, self._started.pop(request_id))
 
-    def returncode_of(self, pid: int, wait: bool, timeout: Optional[float] = None) -> Optional[int]:
+    def returncode_of(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        """The child's exit code once it ends, None if it runs past `timeout`."""
         with self._lock:
-            if wait:
-                self._lock.wait_for(lambda: pid in self._ended or not self.alive(), timeout=timeout)
+            self._lock.wait_for(lambda: pid in self._ended or not self.alive(), timeout=timeout)
             if pid not in self._ended and not self.alive():
                 raise RuntimeError("the warm interpreter ended before its script")
             return self._ended.pop(pid, None)
