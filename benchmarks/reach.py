@@ -84,10 +84,11 @@ ONE_PROCESS_TOLERANCE = 1e-5  # half batches on two processes: float sums in ano
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCELMIGRATE_PRECISION")
 FINAL_LOSS = re.compile(r"^final loss: (\S+)\s*$", re.MULTILINE)
 # A gloo process group can abort a process as it ends, its work done (a
-# torch/gloo teardown race, rare, more often on a loaded machine): such a
-# run is launched again, up to this many times.
-TEARDOWN_ABORT = "terminate called without an active exception"
-TEARDOWN_RERUNS = 3
+# torch/gloo teardown race), and a rank's first connection to its peer can be
+# closed before the group is up (both rare, more often on a loaded machine):
+# such a run is launched again, up to this many times.
+GLOO_FLAKES = ("terminate called without an active exception", "Gloo connectFullMesh failed")
+GLOO_FLAKE_RERUNS = 3
 
 
 @dataclasses.dataclass
@@ -230,14 +231,14 @@ def _watched_weights(command: list[str], cwd: Path, out: Path, extra_env: dict):
     rank's optimizers ended with, rank by rank, or why there are none."""
     import torch  # only for --parity
 
-    for _ in range(1 + TEARDOWN_RERUNS):
+    for _ in range(1 + GLOO_FLAKE_RERUNS):
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         try:
             done = subprocess.run(command, cwd=cwd, env=_parity_env(extra_env), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return None, f"timed out after {RUN_TIMEOUT_S} s"
-        if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
+        if done.returncode == 0 or not any(flake in done.stderr for flake in GLOO_FLAKES):
             break
     if done.returncode != 0:
         return None, f"exit {done.returncode}: {_last_error(done.stderr)}"

@@ -2,7 +2,7 @@
 many at once (each writes to files), and comparing the weights they end with.
 
 Every multi-process test (ddp, accelerate, fabric, accumulate) uses these, so
-that a launch reruns the same way after gloo's teardown abort and every
+that a launch reruns the same way after a gloo flake (conftest.GLOO_FLAKE_RERUNS) and every
 comparison states the same tolerances.
 """
 
@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 import warm_python
-from conftest import SCRIPTS, TEARDOWN_ABORT, TEARDOWN_RERUNS
+from conftest import GLOO_FLAKE_RERUNS, SCRIPTS, ended_in_gloo_flake
 
 LAUNCH_TIMEOUT = 600
 # Watches the optimizers from outside and saves each rank's parameters (weights-rank*.pt).
@@ -75,7 +75,7 @@ class Launch:
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
 
-    def wait(self, reruns_left: int = TEARDOWN_RERUNS) -> "Launch":
+    def wait(self, reruns_left: int = GLOO_FLAKE_RERUNS) -> "Launch":
         try:
             self.process.wait(LAUNCH_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -83,9 +83,9 @@ class Launch:
             self.process.wait()
         self.returncode = self.process.returncode
         self.stdout, self.stderr = self.stdout_path.read_text(), self.stderr_path.read_text()
-        if self.returncode != 0 and TEARDOWN_ABORT in self.stderr and reruns_left > 0:
+        if ended_in_gloo_flake(self.returncode, self.stderr) and reruns_left > 0:
             self._clear_outputs()  # what the aborted run wrote (a checkpoint) is not the rerun's
-            self._start()  # see conftest.TEARDOWN_ABORT
+            self._start()  # see conftest.GLOO_FLAKE_RERUNS
             return self.wait(reruns_left - 1)
         return self
 

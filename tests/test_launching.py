@@ -5,7 +5,7 @@ clean wherever it works."""
 
 import sys
 
-from conftest import TEARDOWN_ABORT
+from conftest import GLOO_CONNECT_FAILURE, TEARDOWN_ABORT, run_launch
 from launching import Launch, cpu_env
 
 # Aborts as gloo's teardown does the first time (leaving a file behind), then succeeds.
@@ -67,3 +67,25 @@ def test_a_rerun_clears_its_own_output_folder_in_a_shared_working_folder(tmp_pat
     first.wait().succeeded()
     assert other.wait().succeeded().stdout == "other\n"
     assert len(list(out.iterdir())) == 1  # the rerun's checkpoint alone
+
+
+# Fails as gloo's first connection on a loaded machine can, once, then succeeds.
+FAILS_TO_CONNECT_ONCE = f"""\
+import pathlib, sys
+marker = pathlib.Path(sys.argv[1]) / "failed-once"
+if not marker.exists():
+    marker.write_text("")
+    sys.stderr.write("RuntimeError: " + {GLOO_CONNECT_FAILURE!r} + " with [pair.cc:553] Connection closed by peer")
+    sys.exit(1)
+print("done")
+"""
+
+
+def test_a_launch_whose_gloo_group_failed_to_connect_is_rerun(tmp_path):
+    script, markers = tmp_path / "fails_once.py", tmp_path / "markers"
+    script.write_text(FAILS_TO_CONNECT_ONCE)
+    markers.mkdir()
+    command = [sys.executable, str(script), str(markers)]
+    assert Launch(tmp_path, "alone", command, cpu_env(), tmp_path).wait().succeeded().stdout == "done\n"
+    (markers / "failed-once").unlink()
+    assert run_launch(command, env=cpu_env(), cwd=tmp_path).stdout == "done\n"
