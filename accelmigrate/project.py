@@ -28,7 +28,7 @@ from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import excluded
 from accelmigrate.training_loops import (
     evaluating_functions, file_writers, handed_loader_classes, handed_loops as handed_loops_in, loader_classes,
-    loader_source, loop_functions, returned_loader,
+    loader_source, loop_functions, loop_precision, returned_loader,
 )
 
 # Folders above the script searched for an imported module's file: a script
@@ -152,6 +152,7 @@ def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> 
             for module, file in modules.items() for function in _names_once(file, read, loop_functions)
         }
         for own, fact, loader in handed_loops_in(tree, {name: entry[:4] for name, entry in functions.items()}) if functions else ():
+            fact = dataclasses.replace(fact, mixed_precision=loop_precision(_module_tree(functions[fact.name][4], read), own))
             found[_key(path)]["training_loops"].add(fact)
             found[_key(str(functions[fact.name][4]))]["received_loops"].add(dataclasses.replace(fact, name=own))
             source = loader_source(tree, loader)

@@ -25,6 +25,8 @@ from accelmigrate.codemods.script.project_facts import LoaderClass, LoopFunction
 SAVES = frozenset({"save", "savez", "savez_compressed", "savetxt", "savefig"})
 # Calls that hand a loop the loader's batches unchanged.
 PASS_THROUGH = frozenset({"enumerate", "tqdm", "iter"})
+# An autocast's `dtype=torch.<name>`, as the Accelerator's mixed precision.
+AUTOCAST_DTYPES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 
 
 def loop_functions(tree: ast.Module) -> Iterator[tuple[str, list[str], dict[str, int], str]]:
@@ -57,6 +59,28 @@ def loop_functions(tree: ast.Module) -> Iterator[tuple[str, list[str], dict[str,
                 if delegated is not None:
                     found[node.name] = delegated
     yield from found.values()
+
+
+def loop_precision(tree: ast.Module, name: str) -> str:
+    """The mixed precision that the loop function `name` of `tree`, and the
+    module's functions it calls, train in, as their autocast blocks say
+    ("fp16", "bf16"; "?" where a dtype cannot be read or two differ; "" for none)."""
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    seen, pending, found = set(), [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen or current not in functions:
+            continue
+        seen.add(current)
+        for call in ast.walk(functions[current]):
+            if not isinstance(call, ast.Call):
+                continue
+            if getattr(call.func, "attr", getattr(call.func, "id", "")) == "autocast":
+                dtype = next((k.value for k in call.keywords if k.arg == "dtype"), None)
+                found.add("fp16" if dtype is None else AUTOCAST_DTYPES.get(getattr(dtype, "attr", ""), "?"))
+            elif isinstance(call.func, ast.Name):
+                pending.append(call.func.id)
+    return found.pop() if len(found) == 1 else ("?" if found else "")
 
 
 def _parameters(function: ast.FunctionDef) -> list[str]:

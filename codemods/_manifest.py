@@ -366,7 +366,7 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                           'AM833': "running total of a training loop read after it: one process's share of "
                                    'the one-process total'},
                 'notes': ('AM811', 'AM816', 'AM817', 'AM822'),
-                'reads_handoffs': False},
+                'reads_handoffs': True},
  'fabric': {'module': 'fabric',
             'name': 'FabricCodemod',
             'summary': 'a plain or DataParallel script -> Lightning Fabric (setup, setup_dataloaders, '

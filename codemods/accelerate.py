@@ -25,6 +25,16 @@ What it does
       `accelerator` and `accelerator=accelerator` at its calls, and its code
       is migrated as the entry point's own; what is prepared is what the
       entry point passes it, the same names at every call;
+    - a training loop in another module of the project that the script
+      hands its model, optimizer and training DataLoader (`from engine
+      import train_fn`, `train_fn(train_loader, model, optimizer, device)`;
+      codemods/_accelerate/handed.py, received.py): the script prepares
+      them and passes `accelerator=accelerator`, the loop's function takes
+      the parameter and its code is migrated as the entry point's own
+      (backward, clipping, printing, saves, running totals); the two files
+      are written together, or neither when either is refused (mixed
+      precision in the loop's module, two handed loops in one module, a
+      criterion built in the script that sums over the batch);
     - the trained models, their optimizers, the training DataLoaders and the
       entry point's schedulers passed through `accelerator.prepare(...)` once
       they are all made;
@@ -179,7 +189,10 @@ import libcst as cst
 
 from ._accelerate.common import CannotMigrate, Plan, on_main_process
 from ._accelerate.plan import Planner
+from ._accelerate.received import ReceivedPlanner
 from ._base import Codemod
+from .script import project_facts
+from .script.project_facts import NO_FACTS
 
 
 class AccelerateCodemod(Codemod):
@@ -226,14 +239,20 @@ class AccelerateCodemod(Codemod):
     }
     notes = frozenset({"AM811", "AM816", "AM817", "AM822"})
     triggers = ("backward",)
+    # A training loop in another module of the project, handed what a script builds, is migrated in both files
+    # (codemods/_accelerate/handed.py, received.py).
+    reads_handoffs = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._plan = Plan()
 
     def visit_Module(self, node: cst.Module) -> bool:
+        facts = project_facts.current() if self.reads_handoffs else NO_FACTS
+        if facts.pairs and not (facts.received_loops or facts.training_loops or self.script.training_steps):
+            return True  # paired with another file for what another word does there (a loader built here for ddp)
         try:
-            plan = Planner(self).make()
+            plan = (ReceivedPlanner if facts.received_loops else Planner)(self).make()
         except CannotMigrate as failure:
             self.report(failure.node, failure.code, failure.message)
             return True

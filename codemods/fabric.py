@@ -160,6 +160,7 @@ class FabricCodemod(AccelerateCodemod):
     word = "fabric"
     excludes = ("workers", "device", "amp", "ddp", "fsdp", "accelerate")  # as accelerate's (AM922)
     summary = "a plain or DataParallel script -> Lightning Fabric (setup, setup_dataloaders, backward, rank-zero output)"
+    reads_handoffs = False  # a training loop of another module is not handed Fabric yet (accelerate's is the Accelerator)
     codes = {
         "AM901": "script without a Fabric object",
         "AM902": "model, optimizer and training DataLoader not set up by Fabric",

@@ -180,9 +180,9 @@ class EntryFunctions:
                 pending += [f for f in map(self._receiving_caller, function.callers) if f is not None]
         order = self.script.index.order
         for function in sorted(receiving, key=lambda f: order[f.node]):
-            plan.edit(function.node.params, _with_accelerator_parameter)
+            plan.edit(function.node.params, with_accelerator_parameter)
             for site in function.callers:
-                plan.edit(site.call, _with_accelerator_argument)
+                plan.edit(site.call, with_accelerator_argument)
             plan.fixes.append((
                 function.node, "AM801",
                 (f"`{ACCELERATOR}` passed to `{function.name}` (a parameter, and `{ACCELERATOR}={ACCELERATOR}` at its calls): "
@@ -199,7 +199,7 @@ def _appended(elements: list, new):
     return [*elements[:-1], last.with_changes(comma=between), new.with_changes(comma=last.comma)]
 
 
-def _with_accelerator_parameter(updated: cst.Parameters) -> cst.Parameters:
+def with_accelerator_parameter(updated: cst.Parameters) -> cst.Parameters:
     parameter = cst.Param(name=cst.Name(ACCELERATOR))
     if isinstance(updated.star_arg, (cst.Param, cst.ParamStar)):
         return updated.with_changes(kwonly_params=_appended(list(updated.kwonly_params), parameter))
@@ -214,7 +214,7 @@ def _with_accelerator_parameter(updated: cst.Parameters) -> cst.Parameters:
     return updated.with_changes(params=_appended(list(updated.params), parameter))
 
 
-def _with_accelerator_argument(updated: cst.Call) -> cst.Call:
+def with_accelerator_argument(updated: cst.Call) -> cst.Call:
     no_space = cst.SimpleWhitespace("")
     argument = cst.Arg(value=cst.Name(ACCELERATOR), keyword=cst.Name(ACCELERATOR), equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space))
     return updated.with_changes(args=_appended(list(updated.args), argument))
@@ -367,4 +367,7 @@ def _reads_of(planner, name: str, attribute: str, target: cst.Name) -> list:
     return found
 
 
-__all__ = ["CpuFlag", "EntryFunctions", "ExitsThroughParameters", "ParsedFlag", "cpu_flag", "gpu_index_flag", "own_scope", "parsed_flag"]
+__all__ = [
+    "CpuFlag", "EntryFunctions", "ExitsThroughParameters", "ParsedFlag", "cpu_flag", "gpu_index_flag", "own_scope", "parsed_flag",
+    "with_accelerator_argument", "with_accelerator_parameter",
+]

@@ -28,9 +28,9 @@ from ..script.steps import ITERATION_WRAPPERS, within_wrappers
 from ..script.uses import uses_of
 from ..script.workers_facts import workers_facts
 from .common import (
-    NO_CUDA,
     ACCELERATOR,
     ADDED_NAMES,
+    NO_CUDA,
     CannotMigrate,
     Plan,
     accelerator_call,
@@ -40,9 +40,18 @@ from .common import (
     unwrapped,
 )
 from .draws import Draws, contiguous_rows
-from .functions import DEVICE_NAME_FLAGS, EntryFunctions, ExitsThroughParameters, cpu_flag, gpu_index_flag, own_scope
+from .functions import (
+    DEVICE_NAME_FLAGS,
+    EntryFunctions,
+    ExitsThroughParameters,
+    cpu_flag,
+    gpu_index_flag,
+    own_scope,
+    with_accelerator_argument,
+)
+from .handed import HandedStep, handed_steps
 from .metrics import ShardedEvaluation
-from .precision import Precision
+from .precision import MANUAL_STEP, Precision, mixed_precision
 from .totals import accelerator_combined, plan_running_totals
 
 # What DistributedDataParallel answers itself, as the bare module would.
@@ -61,6 +70,11 @@ RANDOM_DRAWS = frozenset(f"torch.{f}" for f in ("randn", "rand", "randint", "ran
 
 
 class Planner:
+    # A training loop of another module that this file hands its model and loader is migrated there (handed.py).
+    takes_handed_loops = True
+    # Code outside the training code that writes, prints, clips or places on a GPU is refused; received.py
+    # leaves a module's functions off the handed loop's path as they are.
+    leaves_other_functions = False
     # The rows of a draw for the global batch that hold this process's samples (draws.py).
     own_rows = staticmethod(contiguous_rows)
     # A shuffled loader is iterated by the main process alone (`dispatch_batches=True`), which draws its order
@@ -81,34 +95,69 @@ class Planner:
         self._refuse_if_already_distributed()
         self._refuse_on_name_clash()
         steps = self.script.training_steps
+        handed = handed_steps(self) if not steps and self.takes_handed_loops and self.codemod.reads_handoffs else []
+        steps = steps or handed
         if not steps:
             first = next((c for c in self.uses.calls if self.script.is_dataloader(c) or self.script.makes_optimizer(c)), None)
             raise CannotMigrate(first or self.module, "AM820", "no `backward()` call found, so no training loop: accelerate changed nothing")
+        self.steps = steps
+        own = [step for step in steps if not isinstance(step, HandedStep)]  # a handed loop's are its module's
         self.entry = self._entry_scope(steps)
         self.body = self._entry_body()
         self.precision = Precision(self)
         self.precision.plan_mixed_precision()
+        self._take_handed_precision(handed)
         self._plan_accelerator()
         self._plan_devices()
         self._plan_data_parallel()
         prepared = self._plan_prepare(steps)
-        self._plan_local_batch_shapes(steps)
-        plan_running_totals(self, steps, self.combined_total)
+        self._plan_local_batch_shapes(own)
+        plan_running_totals(self, own, self.combined_total)
         self._write_accelerator()
-        self._plan_backward(steps)
+        self._plan_backward(own)
         self._plan_clipping()
         self._plan_model_attributes(prepared)
         self._plan_output()
+        self._plan_exits_and_draws().note_per_process_layers(steps)
+        self._refuse_use_before_accelerator()
+        self._refuse_evaluation_on_host_data()
+        self.functions.pass_accelerator(self.plan)
+        self._pass_to_handed_loops(handed)
+        return self.plan
+
+    def _plan_exits_and_draws(self) -> Draws:
+        """A loop that trains ends alike on every process, and its random draws are shared out (draws.py)."""
         ExitsThroughParameters(self.codemod).refuse_per_process_exits()
         draws = Draws(self, self.own_rows)
         draws.plan(RANDOM_DRAWS)
         draws.refuse_host_draws_of_the_batch()
         draws.note_draws_in_helpers(RANDOM_DRAWS)
-        draws.note_per_process_layers(steps)
-        self._refuse_use_before_accelerator()
-        self._refuse_evaluation_on_host_data()
-        self.functions.pass_accelerator(self.plan)
-        return self.plan
+        return draws
+
+    def _take_handed_precision(self, handed) -> None:
+        """The mixed precision a handed loop trains in: the Accelerator made here runs it (its module's autocast
+        blocks and GradScaler are removed there, received.py)."""
+        dtypes = {step.mixed_precision for step in handed} - {""}
+        if not dtypes:
+            return
+        if self.precision.mode is not None or len(dtypes) > 1 or not dtypes <= {"fp16", "bf16"}:
+            step = next(s for s in handed if s.mixed_precision)
+            raise CannotMigrate(
+                step.backward, "AM821",
+                f"`{step.loop_name}` trains in mixed precision that cannot be read as one dtype, or this file has mixed "
+                f"precision of its own too: accelerate changed nothing; {MANUAL_STEP}",
+            )
+        self.precision.mode = mixed_precision(dtypes.pop())
+
+    def _pass_to_handed_loops(self, handed) -> None:
+        """`accelerator=accelerator` at each call of another module's training loop, which takes it as a parameter."""
+        for step in handed:
+            self.plan.edit(step.backward, with_accelerator_argument)
+            self.plan.fixes.append((
+                step.backward, "AM801",
+                f"`{ACCELERATOR}` passed to `{step.loop_name}`, whose training loop takes it: its backward, clipping, "
+                f"output and checkpoints go through this Accelerator",
+            ))
 
     # -- refusals -------------------------------------------------------------------------
 
@@ -257,6 +306,8 @@ class Planner:
             method = call.func.attr.value
             literal = method == "to" and call.args and isinstance(call.args[0].value, cst.SimpleString) and "cuda" in call.args[0].value.value
             if method == "cuda" and (not any(a.keyword is None for a in call.args) or call in self.gpu_index_calls) or literal:
+                if not self.in_entry(call) and self.leaves_other_functions:
+                    continue
                 if not self.in_entry(call):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call.func)}(...)` outside the entry point: accelerate changed nothing; place it on the device passed in (`.to(device)` with `device = {ACCELERATOR}.device`), then run accelerate again")
                 kept = [a for a in call.args[1 if literal else 0:] if a.keyword is not None]
@@ -575,6 +626,8 @@ class Planner:
     def _refuse_wrapper_before_prepare(self, loop, last_binding: int) -> None:
         """`progress_bar = tqdm(train_loader)` iterated by the training loop must wrap the prepared loader: made
         after `prepare` (in the epoch loop, or in a function the entry point calls), not before it."""
+        if not isinstance(loop.node, cst.For):
+            return  # a handed loop's call with no loop around it here
         iterable = within_wrappers(loop.node.iter, lambda call: self.codemod.is_call_to(call, ITERATION_WRAPPERS))
         if not isinstance(iterable, cst.Name) or iterable.value == loop.loader.name:
             return
@@ -681,6 +734,8 @@ class Planner:
     def _plan_clipping(self) -> None:
         for call in self._calls(CLIP_GRAD_FUNCTIONS):
             method = CLIP_METHODS[dotted_name(call.func).rsplit(".", 1)[-1]]
+            if not self.in_entry(call) and self.leaves_other_functions:
+                continue
             if not self.in_entry(call):
                 raise CannotMigrate(call, "AM805", f"gradient clipping outside the entry point: accelerate changed nothing; call `{ACCELERATOR}.{method}(...)` there by hand")
             self.plan.edit(call, lambda updated, method=method: accelerator_call(method, updated.args))
@@ -689,7 +744,7 @@ class Planner:
     # -- the model behind DDP's wrapper ----------------------------------------------------
 
     def _plan_model_attributes(self, prepared: set) -> None:
-        entities = {e for step in self.script.training_steps for e in step.models}
+        entities = {e for step in self.steps for e in step.models}
         for name in self.uses.names:
             for node in self.uses.names[name]:
                 parent = self.codemod.parent(node)
@@ -734,6 +789,8 @@ class Planner:
         guarded = []
         for call in saves + writes:
             if not self.in_entry(call):
+                if self.leaves_other_functions:
+                    continue
                 raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` outside the entry point writes on every process: accelerate changed nothing; write under `if {ACCELERATOR}.is_main_process:` in the entry point, then run accelerate again")
             line = self._own_statement(call)
             if line is None:
@@ -758,7 +815,7 @@ class Planner:
                 printed += 1
                 if printed == 1:
                     self.plan.fixes.append((call, "AM807", f"`{ACCELERATOR}.print(...)`: printed once, by the main process"))
-            elif self.script.scope_of(call).kind != "module":
+            elif self.script.scope_of(call).kind != "module" and not self.leaves_other_functions:
                 function = self.script.flow.function_of(self.script.scope_of(call))
                 why = f" ({self.functions.why_not(function)})" if function is not None and self.functions.why_not(function) else ""
                 raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process{why}: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")

@@ -40,12 +40,17 @@ def accelerator_combined(total: RunningTotal) -> str:
 
 def plan_running_totals(planner, steps, combined: Callable[[RunningTotal], str]) -> None:
     """After each loop over a prepared training loader, its totals combined."""
-    has_torch = any(b.name == "torch" and b.qualified == "torch" for b in planner.script.imports)
     loops: dict[cst.For, None] = {}
     for step in steps:
         for loop in step.loops or step.called_in_loops:
             if loop.loader is not None and loop.loader in planner.training_loaders and isinstance(loop.node, cst.For):
                 loops[loop.node] = None
+    combine_after(planner, list(loops), combined)
+
+
+def combine_after(planner, loops: list, combined: Callable[[RunningTotal], str]) -> None:
+    """After each of `loops` (over a prepared training loader), its totals combined."""
+    has_torch = any(b.name == "torch" and b.qualified == "torch" for b in planner.script.imports)
     for loop in loops:
         totals = [t for t in running_totals(planner.script, loop) if has_torch or t.python_type is None]
         if not totals:

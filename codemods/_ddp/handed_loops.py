@@ -25,7 +25,7 @@ import libcst as cst
 from .._base import walk
 from ..script import project_facts, vocabulary as v
 from ..script.project_facts import LoaderClass, LoopFunction, argument_of
-from ..script.reduction import SUM, UNCLEAR, backward_reduction, loss_reduction
+from ..script.reduction import SUM, UNCLEAR, backward_reduction, sums_or_unclear
 from .common import CannotMigrate, Var
 from .queries import ScriptQueries
 
@@ -80,7 +80,7 @@ class HandedLoops(ScriptQueries):
         fraction of the original's gradient."""
         for call, _ in self._handed_calls():
             for argument in call.args:
-                if loss_reduction(self.script, argument.value) in (SUM, UNCLEAR):
+                if sums_or_unclear(self.script, argument.value):
                     raise CannotMigrate(
                         argument, "AM520",
                         "the loop this file hands its model to computes a loss this criterion sums over the batch "

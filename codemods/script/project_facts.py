@@ -90,6 +90,9 @@ class LoopFunction:
     model_index: int
     loader: str
     loader_index: int
+    # The mixed precision its autocast blocks train in ("fp16", "bf16"; "?" unread; "" none): the script that
+    # hands it the model makes the Accelerator that runs it.
+    mixed_precision: str = ""
 
     def argument(self, call_args: list, which: str):
         """The argument a call passes for the model or the loader

@@ -86,6 +86,13 @@ def loss_reduction(script: ScriptModel, expression: cst.BaseExpression) -> Optio
     return found if found in (MEAN, SUM, UNCLEAR) else None
 
 
+def sums_or_unclear(script: ScriptModel, expression: cst.BaseExpression) -> bool:
+    """A loss, or a criterion (`nn.MSELoss(reduction="sum")`, handed to a loop
+    in another module), that sums over the batch or whose reduction cannot be read."""
+    found = reads_as(script, expression) or ""
+    return found.removeprefix(CRITERION) in (SUM, UNCLEAR, "?")
+
+
 def reads_as(script: ScriptModel, expression: cst.BaseExpression) -> Optional[str]:
     """What the reading finds `expression` to be: MEAN, SUM, UNCLEAR, or one
     of the internal values (PER_SAMPLE, CONSTANT, BATCH, ...); None if nothing."""
