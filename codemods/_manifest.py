@@ -409,7 +409,7 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                       'AM933': "running total of a training loop read after it: one process's share of the "
                                'one-process total'},
             'notes': ('AM910', 'AM911', 'AM914', 'AM916', 'AM917', 'AM922'),
-            'reads_handoffs': False},
+            'reads_handoffs': True},
  'accumulate': {'module': 'accumulate',
                 'name': 'Accumulate',
                 'summary': 'accumulate gradients over N micro-batches per optimizer step (--to accumulate=N)',

@@ -242,17 +242,27 @@ class AccelerateCodemod(Codemod):
     # A training loop in another module of the project, handed what a script builds, is migrated in both files
     # (codemods/_accelerate/handed.py, received.py).
     reads_handoffs = True
+    own_planner, received_planner = Planner, ReceivedPlanner
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._plan = Plan()
 
-    def visit_Module(self, node: cst.Module) -> bool:
+    def planner(self) -> Planner | None:
+        """This file's planner: for a loop that the project's scripts hand their model (received.py), or for the
+        file's own training; None where the project pairs the file with another only for what another word
+        does there (a loader built here for ddp)."""
         facts = project_facts.current() if self.reads_handoffs else NO_FACTS
         if facts.pairs and not (facts.received_loops or facts.training_loops or self.script.training_steps):
-            return True  # paired with another file for what another word does there (a loader built here for ddp)
+            return None
+        return (self.received_planner if facts.received_loops else self.own_planner)(self)
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        planner = self.planner()
+        if planner is None:
+            return True
         try:
-            plan = (ReceivedPlanner if facts.received_loops else Planner)(self).make()
+            plan = planner.make()
         except CannotMigrate as failure:
             self.report(failure.node, failure.code, failure.message)
             return True

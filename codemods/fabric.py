@@ -21,6 +21,13 @@ What it does
       steps that train it) and `loader = fabric.setup_dataloaders(loader)`
       for the training loaders; evaluation loaders stay whole (every process
       evaluates the full set, so the numbers printed are one process's);
+    - a training loop in another module of the project that the script
+      hands its model, optimizer and training DataLoader, as accelerate
+      does it (codemods/_fabric/received.py): the script sets them up and
+      passes `fabric=fabric`, the loop's function takes `fabric` and its
+      backward, printing, saves and running totals go through it (a
+      gradient clip there is refused: Fabric clips an optimizer's
+      parameters, which that module cannot pair with a model);
     - each training loader's `batch_size=B` -> `B // fabric.world_size`
       (AM913): Fabric gives it a DistributedSampler that shares the data set
       out among the processes, so the global batch stays B, and with an
@@ -147,6 +154,7 @@ from ._fabric.common import (
     is_accelerator_call,
 )
 from ._fabric.plan import FabricPlanner
+from ._fabric.received import ReceivedFabricPlanner
 from .accelerate import AccelerateCodemod
 
 
@@ -160,7 +168,7 @@ class FabricCodemod(AccelerateCodemod):
     word = "fabric"
     excludes = ("workers", "device", "amp", "ddp", "fsdp", "accelerate")  # as accelerate's (AM922)
     summary = "a plain or DataParallel script -> Lightning Fabric (setup, setup_dataloaders, backward, rank-zero output)"
-    reads_handoffs = False  # a training loop of another module is not handed Fabric yet (accelerate's is the Accelerator)
+    own_planner, received_planner = FabricPlanner, ReceivedFabricPlanner
     codes = {
         "AM901": "script without a Fabric object",
         "AM902": "model, optimizer and training DataLoader not set up by Fabric",
@@ -202,8 +210,11 @@ class FabricCodemod(AccelerateCodemod):
         return super().is_suppressed(node, fabric_code(code))
 
     def visit_Module(self, node: cst.Module) -> bool:
+        planner = self.planner()
+        if planner is None:
+            return True
         try:
-            plan = FabricPlanner(self).make()
+            plan = planner.make()
         except CannotMigrate as failure:
             self.report(failure.node, fabric_code(failure.code), fabric_words(failure.message))
             return True

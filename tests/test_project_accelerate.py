@@ -1,11 +1,12 @@
-"""accelerate across the modules of a project: a script builds the model, its
-optimizer and the training DataLoader and hands them to a loop in engine.py
-(fixtures/projects/engine_loop: `train_one_epoch` called per epoch from
-train.py). The script prepares them and passes `accelerator=accelerator`;
-the loop takes the parameter and routes its backward, printing and running
-total through it. Under plain `python` the migrated project prints the
-original's lines; two gloo processes end on the one-process weights and
-print once. What either file cannot make right leaves both unchanged.
+"""accelerate and fabric across the modules of a project: a script builds
+the model, its optimizer and the training DataLoader and hands them to a
+loop in engine.py (fixtures/projects/engine_loop: `train_one_epoch` called
+per epoch from train.py). The script prepares them (sets them up) and passes
+`accelerator=accelerator` (`fabric=fabric`); the loop takes the parameter
+and routes its backward, printing and running total through it. Under plain
+`python` the migrated project prints the original's lines; two gloo
+processes end on the one-process weights and print once. What either file
+cannot make right leaves both unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from test_cli import invoke
 from test_project import plan
 
 PROJECT = FIXTURES / "projects" / "engine_loop"
-EXPECTED = FIXTURES / "projects" / "expected" / "engine_loop" / "accelerate"
+EXPECTED = FIXTURES / "projects" / "expected" / "engine_loop"
+WORDS = ("accelerate", "fabric")
+# Fabric's DistributedSampler draws its own order (note AM910): its copy compares on an unshuffled loader.
+UNSHUFFLED = ("batch_size=8, shuffle=True)", "batch_size=8)")
 
 
 def copy_to(folder: Path) -> Path:
@@ -39,25 +43,30 @@ def findings(results) -> dict[str, list[str]]:
     return {Path(r.path).name: [f"{f.line}:{f.column} {f.code}" for f in r.findings if not f.fixed] for r in results}
 
 
-def test_the_script_and_its_loop_module_move_onto_accelerate_as_one_change(tmp_path):
+@pytest.mark.parametrize("word", WORDS)
+def test_the_script_and_its_loop_module_are_migrated_as_one_change(tmp_path, word):
     project = copy_to(tmp_path / "project")
-    done = invoke("apply", "--to", "accelerate", "--no-cache", "train.py", cwd=project)
+    done = invoke("apply", "--to", word, "--no-cache", "train.py", cwd=project)
     assert done.exit_code == 0 and "2 file(s) changed" in done.output, done.output
     for name in ("train.py", "engine.py"):
-        assert (project / name).read_text() == (EXPECTED / name.replace(".py", ".expected.py")).read_text(), name
+        assert (project / name).read_text() == (EXPECTED / word / name.replace(".py", ".expected.py")).read_text(), name
     for name in ("data.py", "finetune.py"):  # finetune.py's `fit` loop is no script's of this run: left as it is
         assert (project / name).read_text() == (PROJECT / name).read_text(), name
-    again = invoke("apply", "--to", "accelerate", "--no-cache", "train.py", cwd=project)
+    again = invoke("apply", "--to", word, "--no-cache", "train.py", cwd=project)
     assert again.exit_code == 0 and "0 file(s) changed, 3 unchanged" in again.output, again.output
 
 
 @pytest.mark.slow
-def test_two_processes_train_the_project_to_the_one_process_weights(tmp_path):
+@pytest.mark.parametrize("word", WORDS)
+def test_two_processes_train_the_project_to_the_one_process_weights(tmp_path, word):
     original = copy_to(tmp_path / "original")
+    if word == "fabric":
+        script = original / "train.py"
+        script.write_text(script.read_text().replace(*UNSHUFFLED))
+    project = shutil.copytree(original, tmp_path / "migrated")  # before the original writes its weights
     printed = run_python(original / "train.py", cwd=original)
     assert printed.returncode == 0, printed.stderr
-    project = copy_to(tmp_path / "migrated")
-    migrated(project)
+    migrated(project, word)
     folder = shutil.copytree(project, tmp_path / "two")
     launch = Launch(tmp_path, "two", on_two(folder / "train.py"), cpu_env(), folder)
     plain = run_python(project / "train.py", cwd=project)  # a world of one: the original's run
@@ -75,7 +84,7 @@ def test_two_processes_train_the_project_to_the_one_process_weights(tmp_path):
 SUMMED = ("criterion = nn.MSELoss()", 'criterion = nn.MSELoss(reduction="sum")')
 
 
-@pytest.mark.parametrize("word, code", [("accelerate", "AM823"), ("ddp", "AM520")])
+@pytest.mark.parametrize("word, code", [("accelerate", "AM823"), ("fabric", "AM923"), ("ddp", "AM520")])
 def test_a_criterion_that_sums_handed_to_the_loop_leaves_both_files_unchanged(tmp_path, word, code):
     """The loop in engine.py cannot see how the criterion it is handed reduces:
     under DDP's average its summed loss would train with a fraction of the
@@ -90,12 +99,13 @@ def test_a_criterion_that_sums_handed_to_the_loop_leaves_both_files_unchanged(tm
     assert (project / "engine.py").read_text() == before
 
 
-def test_a_module_handed_two_loops_is_refused_and_nothing_changes(tmp_path):
+@pytest.mark.parametrize("word, code", [("accelerate", "AM820"), ("fabric", "AM920")])
+def test_a_module_handed_two_loops_is_refused_and_nothing_changes(tmp_path, word, code):
     project = copy_to(tmp_path / "project")
     before = {p.name: p.read_text() for p in project.glob("*.py")}
-    results = migrated(project, "accelerate", "train.py", "finetune.py")
+    results = migrated(project, word, "train.py", "finetune.py")
     engine = next(r for r in results if r.path.endswith("engine.py"))
-    assert [f.code for f in engine.findings] == ["AM820"] and "`fit`, `train_one_epoch`" in engine.findings[0].message
+    assert [f.code for f in engine.findings] == [code] and "`fit`, `train_one_epoch`" in engine.findings[0].message
     assert {p.name: p.read_text() for p in project.glob("*.py")} == before
 
 
@@ -114,17 +124,21 @@ def with_mixed_precision(engine: Path) -> None:
     engine.write_text(text.replace(AUTOCAST[0], AUTOCAST[1], 1).replace(AUTOCAST[2], AUTOCAST[3], 1))
 
 
-def test_the_loops_mixed_precision_moves_onto_the_scripts_accelerator(tmp_path):
-    """The loop's autocast block and GradScaler go; the script's Accelerator is made with their dtype. On
-    this machine without CUDA the original's CUDA autocast was off, and so is the Accelerator's."""
+@pytest.mark.parametrize("word, made_with", [
+    ("accelerate", 'mixed_precision="fp16" if torch.cuda.is_available() else "no"'),
+    ("fabric", 'precision="16-mixed" if torch.cuda.is_available() else "32-true"'),
+])
+def test_the_loops_mixed_precision_moves_onto_the_scripts_accelerator(tmp_path, word, made_with):
+    """The loop's autocast block and GradScaler go; the script's Accelerator (Fabric) is made with their dtype.
+    On this machine without CUDA the original's CUDA autocast was off, and so is the Accelerator's."""
     original = copy_to(tmp_path / "original")
     with_mixed_precision(original / "engine.py")
     project = shutil.copytree(original, tmp_path / "migrated")
-    migrated(project)
+    migrated(project, word)
     script, engine = (project / "train.py").read_text(), (project / "engine.py").read_text()
-    assert 'mixed_precision="fp16" if torch.cuda.is_available() else "no"' in script
-    assert "autocast" not in engine and "scaler" not in engine and "accelerator.backward(loss)\n        optimizer.step()" in engine
-    assert not any(f.fixed for r in migrated(project) for f in r.findings)  # idempotent
+    assert made_with in script
+    assert "autocast" not in engine and "scaler" not in engine and f"{'accelerator' if word == 'accelerate' else 'fabric'}.backward(loss)\n        optimizer.step()" in engine
+    assert not any(f.fixed for r in migrated(project, word) for f in r.findings)  # idempotent
     printed, plain = run_python(original / "train.py", cwd=original), run_python(project / "train.py", cwd=project)
     assert printed.returncode == 0 and plain.returncode == 0 and plain.stdout == printed.stdout, plain.stderr
 

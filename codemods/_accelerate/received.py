@@ -46,6 +46,7 @@ class ReceivedPlanner(Planner):
 
     takes_handed_loops = False
     leaves_other_functions = True
+    passed = ACCELERATOR  # the parameter the loop takes: once it has it, it is migrated
 
     def make(self) -> Plan:
         self._refuse_if_already_distributed()
@@ -53,8 +54,8 @@ class ReceivedPlanner(Planner):
         function = self.script.function(fact.name)
         if function is None or function.owner is not None or self.script.parent(function.node) is not self.module:
             raise CannotMigrate(self.module, "AM820", f"the training loop scripts hand their model to, `{fact.name}`, is not a function of this module's own: accelerate changed nothing")
-        if ACCELERATOR in function.parameters:
-            raise CannotMigrate(function.node, "AM822", f"`{fact.name}` already takes the `{ACCELERATOR}` its scripts pass: accelerate changed nothing")
+        if self.passed in function.parameters:
+            raise CannotMigrate(function.node, "AM822", f"`{fact.name}` already takes the `{self.passed}` its scripts pass: accelerate changed nothing")
         self._refuse_on_name_clash()
         self.entry, self.body = function.scope, list(function.node.body.body)
         self.functions = EntryFunctions(self, self.entry)

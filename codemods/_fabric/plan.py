@@ -42,7 +42,6 @@ CLIP_SETTINGS = {"clip_grad_norm_": ("max_norm", "norm_type", "error_if_nonfinit
 
 
 class FabricPlanner(Planner):
-    takes_handed_loops = False  # a training loop of another module is accelerate's to hand the Accelerator
     own_rows = staticmethod(strided_rows)
     dispatches_shuffled_loaders = False  # the DistributedSampler draws from its own generator on every process
 
