@@ -99,12 +99,15 @@ def _handed_on(function: ast.FunctionDef, loops: dict) -> Optional[tuple[str, li
             continue
         _, inner, called, loader = loops[call.func.id]
         passed = [(None, a) for a in call.args] + [(k.arg, k.value) for k in call.keywords]
+        handed = {}  # each parameter called in the loop that this function hands one of its own (the model, the criterion)
         for model, index in called.items():
             fact = LoopFunction(call.func.id, model, index, loader, inner.index(loader))
             model_arg, loader_arg = fact.argument(passed, "model"), fact.argument(passed, "loader")
             names = [getattr(model_arg, "id", None), getattr(loader_arg, "id", None)]
             if all(name in parameters and name not in stored for name in names):
-                return function.name, parameters, {names[0]: parameters.index(names[0])}, names[1]
+                handed[names[0]] = (parameters.index(names[0]), names[1])
+        if handed:
+            return function.name, parameters, {name: index for name, (index, _) in handed.items()}, next(iter(handed.values()))[1]
     return None
 
 

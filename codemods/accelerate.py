@@ -32,9 +32,23 @@ What it does
       them and passes `accelerator=accelerator`, the loop's function takes
       the parameter and its code is migrated as the entry point's own
       (backward, clipping, printing, saves, running totals); the two files
-      are written together, or neither when either is refused (mixed
-      precision in the loop's module, two handed loops in one module, a
-      criterion built in the script that sums over the batch);
+      are written together, or neither when either is refused (two handed
+      loops in one module, a GradScaler the script hands the loop, a
+      criterion built in the script that sums over the batch); the loop's
+      CUDA autocast and GradScaler become the script's Accelerator's mixed
+      precision; a loop function that hands its loader on to a per-epoch
+      step (`train` -> `train_step(dataloader=train_dataloader, ...)`)
+      passes the accelerator to it, and the step's running totals are
+      combined there; a training DataLoader that a function of another
+      module builds and returns (`train_dataloader, test_dataloader, names
+      = data_setup.create_dataloaders(...)`) is prepared where the script
+      receives it, its batches dispatched from the main process (AM810:
+      whether it shuffles is not seen from the script);
+    - a call of another module's function that writes a file (`utils.save_model(model=model, ...)`),
+      on a line of its own in the entry point: under `if
+      accelerator.is_main_process:`, given `accelerator.unwrap_model(model)`
+      (AM808); an instance of such a class (an early stopper that saves the
+      best weights) is refused (AM826);
     - the trained models, their optimizers, the training DataLoaders and the
       entry point's schedulers passed through `accelerator.prepare(...)` once
       they are all made;

@@ -27,7 +27,10 @@ What it does
       passes `fabric=fabric`, the loop's function takes `fabric` and its
       backward, printing, saves and running totals go through it (a
       gradient clip there is refused: Fabric clips an optimizer's
-      parameters, which that module cannot pair with a model);
+      parameters, which that module cannot pair with a model; a training
+      DataLoader that another module builds and returns is refused, AM929:
+      each process's share of its batch would be set there); a helper of
+      another module that writes a file runs under `if fabric.is_global_zero:`;
     - each training loader's `batch_size=B` -> `B // fabric.world_size`
       (AM913): Fabric gives it a DistributedSampler that shares the data set
       out among the processes, so the global batch stays B, and with an

@@ -156,3 +156,57 @@ def test_a_scaler_the_script_hands_the_loop_is_refused_and_nothing_changes(tmp_p
     found = findings(migrated(project))
     assert any(code.endswith("AM821") for code in found["train.py"] + found["engine.py"]), found
     assert {p.name: p.read_text() for p in project.glob("*.py")} == before
+
+
+# fixtures/projects/modular_steps: a flat script whose loaders come from data_setup.py, whose epochs run in
+# engine.train (handing each one to train_step with keyword arguments) and whose model utils.save_model writes.
+MODULAR = FIXTURES / "projects" / "modular_steps"
+
+
+def test_a_script_of_modules_moves_onto_accelerate_where_each_part_lives(tmp_path):
+    project = shutil.copytree(MODULAR, tmp_path / "project")
+    results = migrated(project)
+    assert not any(f for r in results for f in r.findings if not f.fixed and f.code != "AM811"), results
+    for name in ("train.py", "engine.py"):
+        expected = EXPECTED.parent / "modular_steps" / "accelerate" / name.replace(".py", ".expected.py")
+        assert (project / name).read_text() == expected.read_text(), name
+    for name in ("data_setup.py", "utils.py"):
+        assert (project / name).read_text() == (MODULAR / name).read_text(), name
+    assert not any(f.fixed for r in migrated(project) for f in r.findings)  # idempotent
+
+
+def test_the_loop_of_a_script_of_modules_is_found_whatever_its_step_calls_first(tmp_path):
+    """`loss_fn(model(X), y)`: the epoch function hands train_step the criterion and the model, both called in
+    its loop; the model is the one the script trains (ddp took the criterion for it and left the project alone)."""
+    project = shutil.copytree(MODULAR, tmp_path / "project")
+    found = findings(migrated(project, "ddp"))
+    assert not any(code.endswith("AM521") for codes in found.values() for code in codes), found
+    assert "DistributedDataParallel" in (project / "train.py").read_text()
+
+
+def test_fabric_leaves_a_script_whose_loader_another_module_builds(tmp_path):
+    """Fabric would have each process load `batch_size // fabric.world_size`, where data_setup.py builds the loader."""
+    project = shutil.copytree(MODULAR, tmp_path / "project")
+    before = {p.name: p.read_text() for p in project.glob("*.py")}
+    found = findings(migrated(project, "fabric"))
+    assert "16:50 AM929" in found["train.py"], found
+    assert {p.name: p.read_text() for p in project.glob("*.py")} == before
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_script_of_modules_to_the_one_process_weights(tmp_path):
+    """The shuffled loader data_setup.py builds is dispatched from the main process: the original's order."""
+    original = shutil.copytree(MODULAR, tmp_path / "original")
+    project = shutil.copytree(MODULAR, tmp_path / "migrated")
+    printed = run_python(original / "train.py", cwd=original)
+    assert printed.returncode == 0, printed.stderr
+    migrated(project)
+    folder = shutil.copytree(project, tmp_path / "two")
+    launch = Launch(tmp_path, "two", on_two(folder / "train.py"), cpu_env(), folder)
+    plain = run_python(project / "train.py", cwd=project)
+    assert plain.returncode == 0 and plain.stdout == printed.stdout, plain.stderr
+    launch.wait().succeeded()
+    assert launch.stdout == printed.stdout  # once, with the one-process epoch losses
+    expected, trained = (torch.load(f / "models" / "classifier.pth") for f in (original, folder))
+    assert list(trained) == list(expected)  # the bare model's keys, written by the main process
+    assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE

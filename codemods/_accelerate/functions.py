@@ -119,7 +119,7 @@ class EntryFunctions:
     def _different_objects(self, function) -> str:
         """Why a training function's prepared objects are not the entry point's, one name each."""
         for parameter in function.parameters:
-            passed = self._passed_by_the_entry(function, parameter)
+            passed = self.passed_by_the_entry(function, parameter)
             if not any(a is not None and self.script.kind_of(a) in PREPARED_KINDS for a in passed):
                 continue
             names = {a.value if isinstance(a, cst.Name) else None for a in passed}
@@ -131,7 +131,7 @@ class EntryFunctions:
                 )
         return ""
 
-    def _passed_by_the_entry(self, function, parameter: str, depth: int = 0) -> list:
+    def passed_by_the_entry(self, function, parameter: str, depth: int = 0) -> list:
         """What the entry point's own code passes for `parameter`, at each call: through a function between that
         hands on its own parameter of the same plain name, what is passed for that one."""
         passed = []
@@ -140,7 +140,7 @@ class EntryFunctions:
             between = self._receiving_caller(site)
             handed_on = isinstance(argument, cst.Name) and argument.value in between.parameters if between else False
             if handed_on and depth < FOLLOW_DEPTH and all(b.kind == "param" for b in self.script.bindings_of(argument.value, argument)):
-                passed += self._passed_by_the_entry(between, argument.value, depth + 1)
+                passed += self.passed_by_the_entry(between, argument.value, depth + 1)
             else:
                 passed.append(argument)
         return passed

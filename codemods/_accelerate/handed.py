@@ -25,6 +25,7 @@ from .._base import code_of
 from ..script import project_facts
 from ..script.reduction import sums_or_unclear
 from ..script.scopes import Scope
+from .._ddp.handed_loops import loader_built_elsewhere
 from .common import CannotMigrate
 
 
@@ -34,6 +35,18 @@ class HandedLoop:
 
     node: Optional[cst.For]
     loader: object  # the loader's Entity
+
+
+@dataclasses.dataclass(eq=False)
+class ReturnedLoader:
+    """A training DataLoader that a function of another module of the project
+    builds and returns (`train_loader, test_loader = data_setup.create_dataloaders(...)`):
+    prepared here all the same; its DataLoader call is not seen here (`value`)."""
+
+    name: str
+    at: cst.CSTNode  # the name it is bound to
+    call: cst.Call  # the call that returns it
+    value = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -76,7 +89,7 @@ def handed_steps(planner) -> list[HandedStep]:
             raise CannotMigrate(call, "AM820", f"`{code_of(call.func)}(...)` hands its training loop `*` arguments that cannot be seen: accelerate changed nothing")
         fact = facts[names[0]]
         passed = [(a.keyword.value if a.keyword else None, a.value) for a in call.args]
-        model, loader = _entity(script, fact.argument(passed, "model"), "model"), _entity(script, fact.argument(passed, "loader"), "loader")
+        model, loader = _entity(script, fact.argument(passed, "model"), "model"), _loader(script, fact.argument(passed, "loader"))
         optimizers = [
             HandedOptimizer(call, code_of(a.value), found) for a in call.args for found in [_entity(script, a.value, "optimizer")] if found is not None
         ]
@@ -107,6 +120,13 @@ def _refuse_summed_criterion(script, call: cst.Call) -> None:
             )
 
 
+def _loader(script, argument: Optional[cst.BaseExpression]):
+    """The loader entity a plain name holds, or the loader another module's function returns to it."""
+    found = _entity(script, argument, "loader")
+    built = loader_built_elsewhere(script, argument) if found is None and argument is not None else None
+    return ReturnedLoader(argument.value, argument, built) if built is not None else found
+
+
 def _entity(script, argument: Optional[cst.BaseExpression], kind: str):
     """The entity of `kind` that a plain name passed to the loop holds, else None."""
     if not isinstance(argument, cst.Name):
@@ -115,4 +135,4 @@ def _entity(script, argument: Optional[cst.BaseExpression], kind: str):
     return found if found is not None and found.kind == kind else None
 
 
-__all__ = ["HandedLoop", "HandedOptimizer", "HandedStep", "handed_steps"]
+__all__ = ["HandedLoop", "HandedOptimizer", "HandedStep", "ReturnedLoader", "handed_steps"]

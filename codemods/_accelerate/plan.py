@@ -21,6 +21,7 @@ from .._base import (
     walk,
 )
 from .._shapes import is_shape_argument
+from ..script import project_facts
 from ..script import vocabulary as v
 from ..script.devices import DEVICE_STRINGS
 from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
@@ -49,7 +50,7 @@ from .functions import (
     own_scope,
     with_accelerator_argument,
 )
-from .handed import HandedStep, handed_steps
+from .handed import HandedStep, ReturnedLoader, handed_steps
 from .metrics import ShardedEvaluation
 from .precision import MANUAL_STEP, Precision, mixed_precision
 from .totals import accelerator_combined, plan_running_totals
@@ -266,16 +267,18 @@ class Planner:
         self.accelerator_anchor = anchor
         self.moved_after = None  # the statement parsing a `--no-cuda` flag the Accelerator reads, when it follows
         self.cpu = NO_CUDA
-        self.shuffled_loaders = []
+        self.shuffled_loaders, self.returned_loaders = [], []
         self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
         self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
 
     def _write_accelerator(self) -> None:
         """Written once the training loaders are read: a shuffled one is dispatched from rank 0."""
-        dispatch = bool(self.shuffled_loaders)
+        dispatch = bool(self.shuffled_loaders or self.returned_loaders)
         self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode, self.cpu), self.config))
         for call in self.shuffled_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): on N processes rank 0 alone iterates it, drawing the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
+        for call in self.returned_loaders:
+            self.plan.fixes.append((call, "AM810", "training DataLoader built in another module, which may shuffle: on N processes rank 0 alone iterates it, in the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
 
     # -- devices ----------------------------------------------------------------------------
 
@@ -566,7 +569,10 @@ class Planner:
                 raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is bound inside or after the training loop: accelerate changed nothing; make it once before the loop, then run accelerate again")
             last_binding = max(last_binding, *positions)
         for loader in self.training_loaders:
-            self._check_loader(loader)
+            if isinstance(loader, ReturnedLoader):
+                self._check_returned_loader(loader)
+            else:
+                self._check_loader(loader)
         for step in steps:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 if loop.loader is not None:
@@ -639,6 +645,12 @@ class Planner:
                     f"`{iterable.value}` wraps `{loop.loader.name}` before the loader can be prepared: accelerate changed "
                     f"nothing; make `{iterable.value}` where the training loop starts, then run accelerate again",
                 )
+
+    def _check_returned_loader(self, loader) -> None:
+        """A training loader another module builds: whether it shuffles is not seen here, so the main process
+        iterates it, in the original's order either way, and sends each process its slice of every batch."""
+        self.returned_loaders.append(loader.call)
+        self.plan.notes.append((loader.call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True` where the loader is built, or a data set the batch size divides, keeps the original's steps"))
 
     def _check_loader(self, loader) -> None:
         call = loader.value
@@ -805,6 +817,7 @@ class Planner:
             self.plan.guarded.add(line)
             guarded.append(line)
             self.plan.fixes.append((call, "AM808", f"written by the main process only (`if {ACCELERATOR}.is_main_process:`)" + (f", through `{ACCELERATOR}.save`" if call in saves else "")))
+        guarded += self._plan_helper_writes()
         reads = self._calls(v.TORCH_LOAD)
         if guarded and reads:
             raise CannotMigrate(reads[0], "AM826", f"a file read back where the main process alone now writes: accelerate changed nothing; add `{ACCELERATOR}.wait_for_everyone()` between the write and the read by hand")
@@ -821,6 +834,34 @@ class Planner:
                 raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process{why}: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
 
         self._plan_logging()
+
+    def _plan_helper_writes(self) -> list:
+        """A call of another module's function that writes a file (the project fact `rank_zero_writers`:
+        `utils.save_model(model=model, target_dir=...)`), on a line of its own in the entry point: run by the main
+        process alone, given the bare model. An instance of such a class (an early stopper saving the best
+        weights) decides on every process: refused."""
+        writers = project_facts.current().rank_zero_writers if self.codemod.reads_handoffs else frozenset()
+        guarded = []
+        for call in self.uses.calls if writers else ():
+            root = call.func.value if isinstance(call.func, cst.Attribute) else call.func
+            made = [b.value for b in self.script.bindings_of(root.value, root)] if isinstance(root, cst.Name) else []
+            if any(isinstance(m, cst.Call) and self.codemod.qualified_names(m.func) & writers for m in made):
+                raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` writes a file in another module of the project on every process, and decides on each: accelerate changed nothing; write under `if {ACCELERATOR}.is_main_process:` there by hand, then run accelerate again")
+            if not self.codemod.qualified_names(call.func) & writers or self.leaves_other_functions and not self.in_entry(call):
+                continue
+            line = self._own_statement(call)
+            if not (self.in_entry(call) and isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr) and line.body[0].value is call):
+                raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` writes a file in another module of the project on every process: accelerate changed nothing; call it on a line of its own in the entry point, then run accelerate again")
+            for argument in call.args:
+                if isinstance(argument.value, cst.Name) and argument.value.value in self.model_names and not self._before_prepare(call):
+                    self.plan.edit(argument.value, self._bare_model)
+            self.plan.guarded.add(line)
+            guarded.append(line)
+            self.plan.fixes.append((call, "AM808", f"written by the main process only (`if {ACCELERATOR}.is_main_process:`), given the bare model"))
+        return guarded
+
+    # The model a helper of another module is given to save: `accelerator.unwrap_model(model)`.
+    _bare_model = staticmethod(unwrapped)
 
     def _plan_logging(self) -> None:
         """A logging call on a line of its own in the entry point (or a

@@ -51,8 +51,11 @@ class ReceivedPlanner(Planner):
     def make(self) -> Plan:
         self._refuse_if_already_distributed()
         fact = self._the_handed_loop()
-        function = self.script.function(fact.name)
-        if function is None or function.owner is not None or self.script.parent(function.node) is not self.module:
+        function = next((
+            f for f in self.script.flow.functions.values()
+            if f.name == fact.name and f.owner is None and self.script.parent(f.node) is self.module
+        ), None)
+        if function is None:
             raise CannotMigrate(self.module, "AM820", f"the training loop scripts hand their model to, `{fact.name}`, is not a function of this module's own: accelerate changed nothing")
         if self.passed in function.parameters:
             raise CannotMigrate(function.node, "AM822", f"`{fact.name}` already takes the `{self.passed}` its scripts pass: accelerate changed nothing")
@@ -122,16 +125,33 @@ class ReceivedPlanner(Planner):
                 raise CannotMigrate(step.backward, "AM820", "a backward with no optimizer step in reach: accelerate changed nothing")
 
     def _loops_over(self, loader: str) -> list[cst.For]:
-        """The loops of the handed function's own code over its loader parameter (through `enumerate`, `tqdm`)."""
-        loops = {
-            loop.node: None for step in self.steps for loop in step.loops
-            if isinstance(loop.node, cst.For) and own_scope(step.function) is self.entry and self._iterates(loop.node, loader)
-        }
+        """The loops over the handed loader: in the function's own code over its loader parameter, and in a
+        function it alone calls over the parameter that it is passed as (`train_step(model, dataloader=train_loader)`),
+        through `enumerate` or `tqdm`."""
+        loops = {}
+        for step in self.steps:
+            function = self.functions.function_of(step.backward)
+            for loop in step.loops:
+                iterable = self._iterable(loop.node)
+                if iterable is None:
+                    continue
+                if function is None and own_scope(step.function) is self.entry and iterable == loader:
+                    loops[loop.node] = None
+                elif function is not None and iterable in function.parameters and self._passed_as(function, iterable, loader):
+                    loops[loop.node] = None
         return list(loops)
 
-    def _iterates(self, loop: cst.For, loader: str) -> bool:
+    def _iterable(self, loop) -> str | None:
+        """The plain name a `for` loop iterates, through `enumerate` and `tqdm`."""
+        if not isinstance(loop, cst.For):
+            return None
         iterable = within_wrappers(loop.iter, lambda call: self.codemod.is_call_to(call, ITERATION_WRAPPERS))
-        return isinstance(iterable, cst.Name) and iterable.value == loader
+        return iterable.value if isinstance(iterable, cst.Name) else None
+
+    def _passed_as(self, function, parameter: str, loader: str) -> bool:
+        """Every call of `function` passes the handed function's `loader` for `parameter`."""
+        passed = self.functions.passed_by_the_entry(function, parameter)
+        return bool(passed) and all(isinstance(a, cst.Name) and a.value == loader for a in passed)
 
 
 def _scales(func: cst.BaseExpression) -> bool:

@@ -162,6 +162,13 @@ class FabricPlanner(Planner):
             return dotted_name(first.func.value)
         return None
 
+    @staticmethod
+    def _bare_model(updated):
+        return updated  # Fabric's module answers state_dict and its attributes as the bare module
+
+    def _check_returned_loader(self, loader) -> None:
+        raise CannotMigrate(loader.call, "AM829", f"training DataLoader built in another module: each process must load `batch_size // {FABRIC}.world_size`, set where it is built; fabric changed nothing; build it here, or divide its batch size there by hand")
+
     def _check_loader(self, loader) -> None:
         super()._check_loader(loader)
         call = loader.value
