@@ -76,11 +76,7 @@ class Launch:
             self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
 
     def wait(self, reruns_left: int = GLOO_FLAKE_RERUNS) -> "Launch":
-        try:
-            self.process.wait(LAUNCH_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        warm_python.wait_or_kill(self.process, LAUNCH_TIMEOUT)
         self.returncode = self.process.returncode
         self.stdout, self.stderr = self.stdout_path.read_text(), self.stderr_path.read_text()
         if ended_in_gloo_flake(self.returncode, self.stderr) and reruns_left > 0:

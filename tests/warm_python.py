@@ -240,6 +240,18 @@ def start(command: list[str], env: dict, cwd: Path, stdout: Path, stderr: Path) 
     return server.start(None, Path(cwd, command[1]).resolve(), command[1:], env, cwd, stdout, stderr)
 
 
+def wait_or_kill(process, timeout: float) -> bool:
+    """Wait for `process` (a `Popen` or a `WarmProcess`), killed once it runs
+    past `timeout`; whether it did."""
+    try:
+        process.wait(timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return True
+
+
 def run(command: list[str], env: dict, cwd: Optional[Path], timeout: float, input: Optional[str] = None) -> subprocess.CompletedProcess:
     """`subprocess.run(command, capture_output=True, text=True, ...)`, warm
     where it can be (a command with no `input`)."""
@@ -249,10 +261,6 @@ def run(command: list[str], env: dict, cwd: Optional[Path], timeout: float, inpu
     with tempfile.TemporaryDirectory(prefix="warm-run-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         process = start(command, env, cwd, out, err)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise
+        if wait_or_kill(process, timeout):
+            raise subprocess.TimeoutExpired(command, timeout)
         return subprocess.CompletedProcess(command, process.returncode, out.read_text(errors="replace"), err.read_text(errors="replace"))

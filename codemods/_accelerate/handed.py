@@ -25,7 +25,6 @@ from .._base import code_of
 from ..script import project_facts
 from ..script.reduction import sums_or_unclear
 from ..script.scopes import Scope
-from .._ddp.handed_loops import loader_built_elsewhere
 from .common import CannotMigrate
 
 
@@ -123,7 +122,7 @@ def _refuse_summed_criterion(script, call: cst.Call) -> None:
 def _loader(script, argument: Optional[cst.BaseExpression]):
     """The loader entity a plain name holds, or the loader another module's function returns to it."""
     found = _entity(script, argument, "loader")
-    built = loader_built_elsewhere(script, argument) if found is None and argument is not None else None
+    built = script.loader_built_elsewhere(argument) if found is None and argument is not None else None
     return ReturnedLoader(argument.value, argument, built) if built is not None else found
 
 

@@ -237,6 +237,10 @@ class Planner:
             return [guard] if guard is not None else []
         return list(guard.body.body)
 
+    def _left_alone(self, node: cst.CSTNode) -> bool:
+        """Outside the code the plan migrates, in a file whose other functions stay as they are (received.py)."""
+        return self.leaves_other_functions and not self.in_entry(node)
+
     def in_entry(self, node: cst.CSTNode) -> bool:
         """In the entry point's own code, or in a function it alone calls, which receives the accelerator."""
         return self._in_entry_itself(node) or self.functions.function_of(node) is not None
@@ -309,7 +313,7 @@ class Planner:
             method = call.func.attr.value
             literal = method == "to" and call.args and isinstance(call.args[0].value, cst.SimpleString) and "cuda" in call.args[0].value.value
             if method == "cuda" and (not any(a.keyword is None for a in call.args) or call in self.gpu_index_calls) or literal:
-                if not self.in_entry(call) and self.leaves_other_functions:
+                if self._left_alone(call):
                     continue
                 if not self.in_entry(call):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call.func)}(...)` outside the entry point: accelerate changed nothing; place it on the device passed in (`.to(device)` with `device = {ACCELERATOR}.device`), then run accelerate again")
@@ -746,7 +750,7 @@ class Planner:
     def _plan_clipping(self) -> None:
         for call in self._calls(CLIP_GRAD_FUNCTIONS):
             method = CLIP_METHODS[dotted_name(call.func).rsplit(".", 1)[-1]]
-            if not self.in_entry(call) and self.leaves_other_functions:
+            if self._left_alone(call):
                 continue
             if not self.in_entry(call):
                 raise CannotMigrate(call, "AM805", f"gradient clipping outside the entry point: accelerate changed nothing; call `{ACCELERATOR}.{method}(...)` there by hand")
@@ -800,9 +804,9 @@ class Planner:
         writes = [c for c in self.uses.calls if self._opens_for_writing(c)]
         guarded = []
         for call in saves + writes:
+            if self._left_alone(call):
+                continue
             if not self.in_entry(call):
-                if self.leaves_other_functions:
-                    continue
                 raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` outside the entry point writes on every process: accelerate changed nothing; write under `if {ACCELERATOR}.is_main_process:` in the entry point, then run accelerate again")
             line = self._own_statement(call)
             if line is None:
@@ -828,7 +832,7 @@ class Planner:
                 printed += 1
                 if printed == 1:
                     self.plan.fixes.append((call, "AM807", f"`{ACCELERATOR}.print(...)`: printed once, by the main process"))
-            elif self.script.scope_of(call).kind != "module" and not self.leaves_other_functions:
+            elif self.script.scope_of(call).kind != "module" and not self._left_alone(call):
                 function = self.script.flow.function_of(self.script.scope_of(call))
                 why = f" ({self.functions.why_not(function)})" if function is not None and self.functions.why_not(function) else ""
                 raise CannotMigrate(call, "AM826", f"`print(...)` in a function the entry point may call on every process{why}: accelerate changed nothing; return what it prints and print it in the entry point, or print with `{ACCELERATOR}.print` passed in")
@@ -847,7 +851,7 @@ class Planner:
             made = [b.value for b in self.script.bindings_of(root.value, root)] if isinstance(root, cst.Name) else []
             if any(isinstance(m, cst.Call) and self.codemod.qualified_names(m.func) & writers for m in made):
                 raise CannotMigrate(call, "AM826", f"`{code_of(call.func)}(...)` writes a file in another module of the project on every process, and decides on each: accelerate changed nothing; write under `if {ACCELERATOR}.is_main_process:` there by hand, then run accelerate again")
-            if not self.codemod.qualified_names(call.func) & writers or self.leaves_other_functions and not self.in_entry(call):
+            if not self.codemod.qualified_names(call.func) & writers or self._left_alone(call):
                 continue
             line = self._own_statement(call)
             if not (self.in_entry(call) and isinstance(line, cst.SimpleStatementLine) and isinstance(line.body[0], cst.Expr) and line.body[0].value is call):

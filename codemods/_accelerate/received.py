@@ -33,6 +33,7 @@ from .._base import code_of, is_docstring
 from ..script import project_facts
 from ..script import vocabulary as v
 from ..script.entities import GRAD_SCALER
+from ..script.reduction import through_scaler
 from ..script.steps import ITERATION_WRAPPERS, within_wrappers
 from .common import ACCELERATOR, NO_CUDA, CannotMigrate, Plan
 from .functions import EntryFunctions, own_scope, with_accelerator_parameter
@@ -97,7 +98,7 @@ class ReceivedPlanner(Planner):
         self.precision = Precision(self)
         self.precision.plan_mixed_precision()
         expected = mixed_precision(fact.mixed_precision) if fact.mixed_precision else None
-        scaled = [step.backward for step in self.steps if _scales(step.backward.func)]
+        scaled = [step.backward for step in self.steps if through_scaler(step.backward)]
         unscaled = [s.call for step in self.steps for s in step.optimizer_steps if s.through_scaler] + scaled
         if self.precision.mode != expected or unscaled and self.precision.scaler is None:
             raise CannotMigrate(
@@ -152,12 +153,6 @@ class ReceivedPlanner(Planner):
         """Every call of `function` passes the handed function's `loader` for `parameter`."""
         passed = self.functions.passed_by_the_entry(function, parameter)
         return bool(passed) and all(isinstance(a, cst.Name) and a.value == loader for a in passed)
-
-
-def _scales(func: cst.BaseExpression) -> bool:
-    """`<scaler>.scale(loss).backward`: a backward through a GradScaler."""
-    operand = func.value if isinstance(func, cst.Attribute) else None
-    return isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) and operand.func.attr.value == "scale"
 
 
 __all__ = ["ReceivedPlanner"]

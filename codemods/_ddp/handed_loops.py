@@ -139,7 +139,7 @@ class HandedLoops(ScriptQueries):
         """`loader` is bound once, here, to the result of a function of the
         project that builds it sharded (the fact `sharded_loaders`):
         `train_loader, val_loader = data.get_loaders(...)`."""
-        return self.reads_handoffs and loader_built_elsewhere(self.script, loader) is not None
+        return self.reads_handoffs and self.script.loader_built_elsewhere(loader) is not None
 
     def _rank_zero_library(self) -> bool:
         """A helper module of a script of the run (the fact `rank_zero_library`)."""
@@ -205,24 +205,6 @@ class HandedLoops(ScriptQueries):
             if made is not None and self.is_call_to(made, v.DATALOADER) and made not in found:
                 found.append(made)
         return found
-
-
-def loader_built_elsewhere(script, loader: cst.BaseExpression) -> Optional[cst.Call]:
-    """The call of a function of another module of the project that returns
-    the DataLoader `loader` is bound to, once, here (the fact `sharded_loaders`):
-    `train_loader, val_loader = data.get_loaders(...)`; else None."""
-    sources = project_facts.current().sharded_loaders
-    bindings = script.bindings_of(loader.value, loader) if sources and isinstance(loader, cst.Name) else []
-    if len(bindings) != 1 or not isinstance(bindings[0].statement, cst.Assign) or not isinstance(bindings[0].statement.value, cst.Call):
-        return None
-    assign = bindings[0].statement
-    target = assign.targets[0].target if len(assign.targets) == 1 else None
-    if isinstance(target, cst.Tuple):
-        positions = [i for i, e in enumerate(target.elements) if e.value is bindings[0].node]
-    else:
-        positions = [-1] if target is bindings[0].node else []
-    names = script.qualified_names(assign.value.func)
-    return assign.value if any((name, position) in sources for name in names for position in positions) else None
 
 
 def _passed(call: cst.Call) -> list[tuple[Optional[str], cst.BaseExpression]]:

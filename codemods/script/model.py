@@ -165,6 +165,23 @@ class ScriptModel:
             for name in self.qualified_names(call.func)
         )
 
+    def loader_built_elsewhere(self, loader: cst.BaseExpression) -> Optional[cst.Call]:
+        """The call of a function of another module of the project that returns
+        the DataLoader `loader` is bound to, once, here (the project fact
+        `sharded_loaders`): `train_loader, val_loader = data.get_loaders(...)`; else None."""
+        sources = self.project.sharded_loaders
+        bindings = self.bindings_of(loader.value, loader) if sources and isinstance(loader, cst.Name) else []
+        if len(bindings) != 1 or not isinstance(bindings[0].statement, cst.Assign) or not isinstance(bindings[0].statement.value, cst.Call):
+            return None
+        assign = bindings[0].statement
+        target = assign.targets[0].target if len(assign.targets) == 1 else None
+        if isinstance(target, cst.Tuple):
+            positions = [i for i, e in enumerate(target.elements) if e.value is bindings[0].node]
+        else:
+            positions = [-1] if target is bindings[0].node else []
+        names = self.qualified_names(assign.value.func)
+        return assign.value if any((name, position) in sources for name in names for position in positions) else None
+
     def is_dataloader(self, call: cst.CSTNode) -> bool:
         """A call of torch's DataLoader, by any spelling; also a bare
         `DataLoader(...)` that nothing in the file binds, where

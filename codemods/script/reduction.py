@@ -69,15 +69,27 @@ TORCH_REDUCTIONS = {"torch.mean": MEAN, "torch.sum": SUM}
 DEPTH = 12  # names, parameters and functions followed before giving up
 
 
-def backward_reduction(script: ScriptModel, backward: cst.Call) -> Optional[str]:
-    """The reduction of what `backward` differentiates: `loss.backward()`,
-    `scaler.scale(loss).backward()`, `(loss / n).backward()`."""
+def backpropagated(backward: cst.Call) -> Optional[cst.BaseExpression]:
+    """What `backward` differentiates: `loss` of `loss.backward()` and of a
+    gradient scaler's `scaler.scale(loss).backward()`, `loss / n` of
+    `(loss / n).backward()`; None for a call that is no method call."""
     if not isinstance(backward.func, cst.Attribute):
         return None
     operand = backward.func.value
     if _method(operand) == "scale" and len(operand.args) == 1 and not operand.args[0].keyword:
-        operand = operand.args[0].value  # a gradient scaler's `scale(loss)`, as the codemods read a backward
-    return loss_reduction(script, operand)
+        return operand.args[0].value
+    return operand
+
+
+def through_scaler(backward: cst.Call) -> bool:
+    """`scaler.scale(loss).backward()`: the backward of a gradient scaler's scaled loss."""
+    return isinstance(backward.func, cst.Attribute) and backpropagated(backward) is not backward.func.value
+
+
+def backward_reduction(script: ScriptModel, backward: cst.Call) -> Optional[str]:
+    """The reduction of what `backward` differentiates (`backpropagated`)."""
+    operand = backpropagated(backward)
+    return None if operand is None else loss_reduction(script, operand)
 
 
 def loss_reduction(script: ScriptModel, expression: cst.BaseExpression) -> Optional[str]:

@@ -34,7 +34,7 @@ import libcst as cst
 
 from .._syntax import dotted_name, walk
 from .model import ScriptModel
-from .reduction import BATCH, MEAN, SUM, backward_reduction, reads_as
+from .reduction import BATCH, MEAN, SUM, backpropagated, backward_reduction, reads_as
 from .uses import uses_of
 
 MEAN_PER_BATCH, SUM_OVER_SAMPLES = "mean per batch", "sum over samples"
@@ -192,10 +192,8 @@ def _backpropagated(script: ScriptModel, loop: cst.For) -> dict[str, Optional[st
     """The names the loop's backward calls differentiate, with their reduction."""
     found = {}
     for call in uses_of(script).backward_calls:
-        if loop in script.ancestors(call) and isinstance(call.func, cst.Attribute):
-            operand = call.func.value
-            if isinstance(operand, cst.Call) and isinstance(operand.func, cst.Attribute) and operand.func.attr.value == "scale" and operand.args:
-                operand = operand.args[0].value  # a gradient scaler's `scale(loss)`
+        if loop in script.ancestors(call):
+            operand = backpropagated(call)
             if isinstance(operand, cst.Name):
                 found[operand.value] = backward_reduction(script, call)
     return found
