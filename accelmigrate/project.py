@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES, LOG_LEVELS
+from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES, LOG_LEVELS, OPTIMIZER_BASES, makes_optimizer
 from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
@@ -98,12 +98,13 @@ def facts_of_project(
     tree = _script_tree(path, trees)
     if tree is None:
         return NO_FACTS
-    gradients, gpu_datasets, evaluating, loggers, star_names, reexports = set(), set(), set(), set(), {}, {}
+    gradients, gpu_datasets, evaluating, loggers, optimizers, star_names, reexports = set(), set(), set(), set(), set(), {}, {}
     for node, module, file in _imported_files(tree, path.resolve().parent, read):
         gradients.update(f"{module}.{name}" for name in _names_once(file, read, _gradient_functions))
         loggers.update(_joined(module, name) for name in _names_once(file, read, logger_names))
         gpu_datasets.update(f"{module}.{name}" for name in _names_once(file, read, _gpu_datasets))
         evaluating.update(f"{module}.{name}" for name in _names_once(file, read, evaluating_functions))
+        optimizers.update(_joined(module, name) for name in _names_once(file, read, optimizer_classes))
         if _imports_star(node):
             star_names.update(_star_bindings(module, file, read))
         elif isinstance(node, ast.ImportFrom) and module == "." * node.level + (node.module or ""):
@@ -116,7 +117,7 @@ def facts_of_project(
         gradient_functions=frozenset(gradients), device_parameters=devices, star_names=frozenset(star_names.items()),
         reexports=frozenset(reexports.items()), loggers=frozenset(loggers),
         imported_by_a_script=imported, gpu_datasets=frozenset(gpu_datasets),
-        evaluating_functions=frozenset(evaluating), **(paired or {}),
+        evaluating_functions=frozenset(evaluating), optimizer_classes=frozenset(optimizers), **(paired or {}),
     )
 
 
@@ -319,6 +320,31 @@ def logger_names(tree: ast.Module) -> Iterator[str]:
         elif isinstance(value, ast.Attribute) and value.attr in LOG_LEVELS and isinstance(value.value, ast.Name):
             if value.value.id in loggers or value.value.id == "logging":
                 yield name
+
+
+def optimizer_classes(tree: ast.Module) -> Iterator[str]:
+    """The module-level classes that derive from torch's `Optimizer`, from an
+    optimizer class (`torch.optim.SGD`) or from another such class of the
+    module: a LARS, a Muon, a vendored BertAdam."""
+    imported = dict(binding.partition("=")[::2] for binding in module_bindings(tree))
+    own: set = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(_is_optimizer_base(base, imported, own) for base in node.bases):
+            own.add(node.name)
+            yield node.name
+
+
+def _is_optimizer_base(base: ast.expr, imported: dict, own: set) -> bool:
+    parts = []
+    while isinstance(base, ast.Attribute):
+        parts.insert(0, base.attr)
+        base = base.value
+    if not isinstance(base, ast.Name):
+        return False
+    if not parts and base.id in own:
+        return True
+    qualified = ".".join([imported.get(base.id) or base.id, *parts])
+    return qualified in OPTIMIZER_BASES or makes_optimizer(qualified)
 
 
 def _joined(module: str, name: str) -> str:

@@ -22,6 +22,7 @@ from typing import Optional
 import libcst as cst
 
 from .._syntax import children, dotted_name, is_docstring, walk
+from . import project_facts
 from . import vocabulary as v
 from .flow import Flow
 from .positions import Lines
@@ -169,7 +170,7 @@ class Entities:
         owners: dict = {}
         for scope in self.index.scopes:
             for call in scope.calls:
-                if not any(v.makes_optimizer(q) for q in self.index.qualified_names(call.func)):
+                if not any(project_facts.makes_optimizer(q) for q in self.index.qualified_names(call.func)):
                     continue
                 first = next((a for a in call.args if a.keyword is None and not a.star), None)
                 given = first or next((a for a in call.args if a.keyword is not None and a.keyword.value == "params"), None)
@@ -364,7 +365,7 @@ _WRAPPERS = v.DATA_PARALLEL | v.DISTRIBUTED_DATA_PARALLEL
 
 
 def _kind_of_qualified(name: str) -> Optional[str]:
-    if v.makes_optimizer(name):
+    if project_facts.makes_optimizer(name):
         return "optimizer"
     if v.is_scheduler(name):
         return "scheduler"
@@ -392,7 +393,7 @@ def _kind_of_base(name: str) -> Optional[str]:
         return "model"
     if name in v.DATASET_BASES:
         return "dataset"
-    if v.makes_optimizer(name) or name in ("torch.optim.Optimizer", "torch.optim.optimizer.Optimizer"):
+    if project_facts.makes_optimizer(name) or name in v.OPTIMIZER_BASES:
         return "optimizer"
     return None
 

@@ -31,6 +31,7 @@ from .devices import DeviceBinding, device_bindings, is_device_string
 from .entities import Entities, Entity
 from .flow import EntryPoint, Flow, Function
 from .positions import Lines
+from . import project_facts
 from .project_facts import ProjectFacts
 from .project_facts import current as current_project_facts
 from .scopes import Binding, Index, Scope
@@ -158,12 +159,19 @@ class ScriptModel:
 
     def makes_optimizer(self, call: cst.CSTNode, *, classes_only: bool = False) -> bool:
         """A call that builds an optimizer (`optim.SGD(...)`, timm's
-        `create_optimizer`; `classes_only`: an optimizer class's call, whose
+        `create_optimizer`, a class of the project deriving from torch's
+        `Optimizer`; `classes_only`: an optimizer class's call, whose
         arguments are the optimizer's own)."""
-        return isinstance(call, cst.Call) and any(
-            v.makes_optimizer(name) and not (classes_only and name in v.OPTIMIZER_FACTORIES)
+        if not isinstance(call, cst.Call):
+            return False
+        if any(
+            project_facts.makes_optimizer(name) and not (classes_only and name in v.OPTIMIZER_FACTORIES)
             for name in self.qualified_names(call.func)
-        )
+        ):
+            return True
+        # A class of this file deriving from one (`class LARS(torch.optim.Optimizer)`).
+        definitions = self.index.definitions_of(call.func.value, self.index.scope_of(call)) if isinstance(call.func, cst.Name) else []
+        return any(b.kind == "class" and self._entities.class_kind(b.node) == "optimizer" for b in definitions)
 
     def loader_built_elsewhere(self, loader: cst.BaseExpression) -> Optional[cst.Call]:
         """The call of a function of another module of the project that returns

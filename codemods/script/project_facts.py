@@ -62,6 +62,10 @@ and read by the codemods through `ScriptModel.project`.
   this file's imports name them, bound to a logger (`utils.logger`, made
   by `logging.getLogger(...)`) or to a logger's method (`utils.print`,
   bound `print = logger.info`): what ddp keeps on rank 0, as a print.
+- `optimizer_classes`: the classes of the project's modules, named as this
+  file's imports name them (`optimization.BertAdam`, `optim.LARS`), that
+  derive from torch's `Optimizer` or from an optimizer class: calling one
+  makes an optimizer, as `torch.optim.SGD(...)` does.
 - `reexports`: the names this file imports from a project module that
   itself imports them (`from preprocess import DataLoader`, where
   `preprocess` does `from torch.utils.data import DataLoader`), as
@@ -77,6 +81,8 @@ import contextlib
 import contextvars
 import dataclasses
 from typing import Iterator
+
+from . import vocabulary as v
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -140,6 +146,7 @@ class ProjectFacts:
     star_names: frozenset = frozenset()  # of (name, qualified name)
     reexports: frozenset = frozenset()  # of ("preprocess.DataLoader", "torch.utils.data.DataLoader")
     loggers: frozenset = frozenset()  # "utils.logger", "utils.print"
+    optimizer_classes: frozenset = frozenset()  # "optimization.BertAdam"
 
     @property
     def pairs(self) -> bool:
@@ -164,6 +171,7 @@ class ProjectFacts:
         names = (
             self.gradient_functions, self.device_parameters, self.gpu_datasets, self.evaluating_functions, self.rank_zero_writers,
             {f"{name}={qualified}" for name, qualified in self.star_names | self.reexports}, self.loggers,
+            self.optimizer_classes,
         )
         paired = (
             self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders, self.loader_classes,
@@ -179,6 +187,12 @@ _current: contextvars.ContextVar = contextvars.ContextVar("project_facts", defau
 
 def current() -> ProjectFacts:
     return _current.get()
+
+
+def makes_optimizer(qualified: str) -> bool:
+    """Does calling `qualified` make an optimizer: torch's and the known libraries' (vocabulary), or a class of
+    the project's modules deriving from one?"""
+    return v.makes_optimizer(qualified) or qualified in _current.get().optimizer_classes
 
 
 @contextlib.contextmanager

@@ -117,6 +117,8 @@ OPTIMIZER_CLASSES = frozenset(
         "bitsandbytes.optim.AdamW8bit",
     }
 )
+# What a hand-written optimizer class derives from.
+OPTIMIZER_BASES = frozenset({"torch.optim.Optimizer", "torch.optim.optimizer.Optimizer"})
 # Functions that build an optimizer.
 OPTIMIZER_FACTORIES = frozenset({"timm.optim.create_optimizer", "timm.optim.create_optimizer_v2"})
 NOT_OPTIMIZERS = ("torch.optim.lr_scheduler.", "torch.optim.swa_utils.")
@@ -238,6 +240,7 @@ __all__ = [
     "EMPTY_CACHE",
     "ITERABLE_DATASET_BASES",
     "NO_GRAD",
+    "OPTIMIZER_BASES",
     "SELF_RETURNING_MODULE_METHODS",
     "TORCH_LOAD",
     "TORCH_SAVE",
