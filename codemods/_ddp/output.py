@@ -421,7 +421,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             if path is None or (not removal and self.is_call_to(node, OPEN) and _opens_for_writing(node)):
                 continue
             same = [w for w, code in written if code is None or code == self._code(path)]
-            if not any(self._comes_before_in_same_function(w, node) for w in same):
+            if not any(self._written_before(w, node) for w in same):
                 if not removal and any(self._plan_barrier_after(w, node) for w in same):
                     continue
                 if self.is_call_to(node, v.TORCH_LOAD) and not self._reads_before_every_write(node, [w for w, _ in written]):
@@ -499,6 +499,21 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         if function is None or not function.callers or depth >= MAX_CALL_DEPTH:
             return False
         return all(self._runs_only_after(site.call, read, depth + 1) for site in function.callers)
+
+    def _written_before(self, write: cst.CSTNode, read: cst.CSTNode, depth: int = 0) -> bool:
+        """Does `write` run before `read` on the way to it: earlier in the read's own function, or earlier than
+        every call of that function (`test(model)` after the training loop that saves the best weights), each
+        call reached alike on every rank, so that a `barrier()` before the read meets them all?"""
+        if self._comes_before_in_same_function(write, read):
+            return True
+        function = self.script.function_at(read)
+        if function is None or not function.callers or depth >= MAX_CALL_DEPTH:
+            return False
+        return all(self._call_reached_alike(site.call) and self._written_before(write, site.call, depth + 1) for site in function.callers)
+
+    def _call_reached_alike(self, node: cst.CSTNode) -> bool:
+        statement, _ = self._block_statement(node)
+        return statement is not None and self._runs_alike_on_every_rank(statement)
 
     def _comes_before_in_same_function(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
         def function(node: cst.CSTNode) -> Optional[cst.CSTNode]:
