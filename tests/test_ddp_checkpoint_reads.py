@@ -6,12 +6,10 @@ end on the one-process weights, those of the best epoch."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from conftest import FIXTURES
-from test_ddp_param_groups import reach
+from test_ddp_param_groups import expected_pair_parity
 
 CASE = FIXTURES / "ddp" / "best_weights_reloaded_by_a_test_function.py"
 
@@ -24,9 +22,5 @@ def test_the_read_waits_for_rank_zeros_write():
 
 @pytest.mark.slow
 def test_two_processes_reload_the_best_weights_rank_zero_saved(tmp_path):
-    original, copy = tmp_path / "original" / CASE.name, tmp_path / "copy" / CASE.name
-    for path, source in ((original, CASE), (copy, CASE.with_name(f"{CASE.stem}.expected.py"))):
-        path.parent.mkdir()
-        shutil.copy(source, path)
-    parity = reach.parity_on_two(original, copy, tmp_path / "runs")
+    parity = expected_pair_parity(CASE, tmp_path)
     assert parity.verdict == "same", parity.why

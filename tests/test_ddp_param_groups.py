@@ -5,6 +5,7 @@ scripts write them: lists the model keeps of its own parameters
 gloo processes, end with the weights of the original in one process."""
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +22,15 @@ if not hasattr(reach, "parity_on_two"):
     _spec.loader.exec_module(reach)
 
 CASES = ["param_groups_model_attributes", "param_groups_built_in_a_loop"]
+
+
+def expected_pair_parity(case: Path, tmp_path: Path):
+    """A fixture pair (`case` and its `.expected.py`), the expected launched on 2 gloo processes against the case on one."""
+    original, copy = tmp_path / "original" / case.name, tmp_path / "copy" / case.name
+    for path, source in ((original, case), (copy, case.with_name(f"{case.stem}.expected.py"))):
+        path.parent.mkdir()
+        shutil.copy(source, path)
+    return reach.parity_on_two(original, copy, tmp_path / "runs")
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -17,7 +17,7 @@ from accelmigrate.project import optimizer_classes
 from conftest import FIXTURES, run_python
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 from test_cli import invoke
-from test_ddp_param_groups import reach
+from test_ddp_param_groups import expected_pair_parity
 
 PROJECT = FIXTURES / "projects" / "own_optimizer"
 EXPECTED = FIXTURES / "projects" / "expected" / "own_optimizer"
@@ -34,12 +34,7 @@ def test_the_classes_that_derive_from_an_optimizer_are_found():
 
 @pytest.mark.slow
 def test_the_scripts_own_optimizer_class_trains_on_two_processes_to_the_one_process_weights(tmp_path):
-    case = FIXTURES / "ddp" / "optimizer_class_of_the_script.py"
-    original, copy = tmp_path / "original" / case.name, tmp_path / "copy" / case.name
-    for path, source in ((original, case), (copy, case.with_name(f"{case.stem}.expected.py"))):
-        path.parent.mkdir()
-        shutil.copy(source, path)
-    parity = reach.parity_on_two(original, copy, tmp_path / "runs")
+    parity = expected_pair_parity(FIXTURES / "ddp" / "optimizer_class_of_the_script.py", tmp_path)
     assert parity.verdict == "same", parity.why
 
 
