@@ -25,6 +25,12 @@ What it does
       `accelerator` and `accelerator=accelerator` at its calls, and its code
       is migrated as the entry point's own; what is prepared is what the
       entry point passes it, the same names at every call;
+    - a trainer class's methods (`trainer = Trainer(model, optimizer,
+      criterion, device)`, then `trainer.fit(train_loader, val_loader,
+      epochs)` calling `self.train_epoch(loader)`): they receive the
+      accelerator as those functions do, and what the instance keeps
+      (`self.model = model.to(device)`, `self.optimizer = optimizer`) is
+      prepared under the names the entry point makes it with;
     - a training loop in another module of the project that the script
       hands its model, optimizer and training DataLoader (`from engine
       import train_fn`, `train_fn(train_loader, model, optimizer, device)`;
@@ -174,7 +180,10 @@ Left alone (a finding says what to do by hand; nothing changes)
     saved by `accelerator.save_state`), apex at O3, with an opt_level or
     `enabled=` that is not a literal, under a condition (`if args.fp16:`),
     imported under `try:`, saved in a checkpoint (`amp.state_dict()`) or
-    beyond amp (apex.parallel, apex.optimizers) (AM821); training steps in methods, in functions
+    beyond amp (apex.parallel, apex.optimizers) (AM821); training steps in methods of a
+    class whose instances or calls cannot be followed (a model's own methods,
+    a class named other than to make an instance, an instance made before
+    what it keeps is all made), in functions
     called from elsewhere than the entry point or with other objects at
     different calls, models, optimizers or loaders made in or after the training
     loop or under a dotted name (AM820); devices chosen elsewhere, `.cuda()`

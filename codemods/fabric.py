@@ -21,6 +21,9 @@ What it does
       steps that train it) and `loader = fabric.setup_dataloaders(loader)`
       for the training loaders; evaluation loaders stay whole (every process
       evaluates the full set, so the numbers printed are one process's);
+    - a trainer class's methods, as accelerate does them (`trainer.fit(...,
+      fabric=fabric)`, what the instance keeps set up under the names the
+      entry point makes it with);
     - a training loop in another module of the project that the script
       hands its model, optimizer and training DataLoader, as accelerate
       does it (codemods/_fabric/received.py): the script sets them up and

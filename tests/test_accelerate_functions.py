@@ -125,7 +125,7 @@ if __name__ == "__main__":
     (TWO_CALLERS.replace("\n\ndef main():", "\n\nWARM_UPS = [warm_up]\n\n\ndef main():"), "`train` is also called from `warm_up`"),
     (TWO_CALLERS.replace("    warm_up(model, loader, optimizer)\n    train(", "    warm_up(model, loader, optimizer)\n    warm_up(model, loader, torch.optim.SGD(model.parameters(), lr=0.2))\n    train("),
      "gets `optimizer` and `torch.optim.SGD(model.parameters(), lr=0.2)` for its parameter `optimizer`"),
-    (METHOD, "`Trainer.fit` is a method"),
+    (METHOD, "`Trainer.fit` is a method whose calls cannot all be followed (`.fit`, line 17)"),
 ])
 def test_a_function_the_entry_point_does_not_alone_call_with_its_own_objects_is_refused_whole(source, said):
     result = _migrate(source)

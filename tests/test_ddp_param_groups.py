@@ -5,7 +5,6 @@ scripts write them: lists the model keeps of its own parameters
 gloo processes, end with the weights of the original in one process."""
 
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,13 +23,18 @@ if not hasattr(reach, "parity_on_two"):
 CASES = ["param_groups_model_attributes", "param_groups_built_in_a_loop"]
 
 
-def expected_pair_parity(case: Path, tmp_path: Path):
+def expected_pair_parity(case: Path, tmp_path: Path, word: str = "ddp"):
     """A fixture pair (`case` and its `.expected.py`), the expected launched on 2 gloo processes against the case on one."""
-    original, copy = tmp_path / "original" / case.name, tmp_path / "copy" / case.name
-    for path, source in ((original, case), (copy, case.with_name(f"{case.stem}.expected.py"))):
+    return parity_on_two(case.read_text(), case.with_name(f"{case.stem}.expected.py").read_text(), case.name, tmp_path, word)
+
+
+def parity_on_two(source: str, migrated: str, name: str, tmp_path: Path, word: str = "ddp"):
+    """`migrated` (a `word` migration of `source`) launched on 2 gloo processes against `source` on one."""
+    original, copy = tmp_path / "original" / name, tmp_path / "copy" / name
+    for path, text in ((original, source), (copy, migrated)):
         path.parent.mkdir()
-        shutil.copy(source, path)
-    return reach.parity_on_two(original, copy, tmp_path / "runs")
+        path.write_text(text)
+    return reach.parity_on_two(original, copy, tmp_path / "runs", reach.MULTI_PROCESS.get(word))
 
 
 @pytest.mark.parametrize("case", CASES)

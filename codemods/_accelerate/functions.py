@@ -7,7 +7,10 @@ model, the optimizer and the loaders. Migrating it by hand, one passes the
 Accelerator in; so does the codemod, for a function the entry point alone
 calls (`EntryFunctions`):
 
-- a function of the module (not a method, not nested in another), every
+- a function of the module (not nested in another), or a plain method of
+  a trainer class of the module whose instances the entry point makes
+  (`Trainer(model, optimizer)`; the class named for nothing else, the
+  method read only where it is called), every
   call of it in the entry point's own code or in functions that themselves
   receive the accelerator (`main` -> `fit` -> `train_one_epoch` ->
   `train_step`), by its name, with arguments that can be seen (no `*args` /
@@ -43,7 +46,7 @@ import dataclasses
 
 import libcst as cst
 
-from .._base import code_of, keyword_arg
+from .._base import code_of, keyword_arg, walk
 from .._ddp.decisions import RankDecisions
 from ..script.devices import CPU_CHOICE_FLAGS
 from ..script.uses import FOLLOW_DEPTH
@@ -89,8 +92,10 @@ class EntryFunctions:
     def _why_not(self, function) -> str:
         name = function.name
         if function.owner is not None:
-            return f"`{name}` is a method: pass `{ACCELERATOR}` to its class by hand"
-        if self.script.parent(function.node) is not self.script.module:
+            why = self._why_not_method(function)
+            if why:
+                return why
+        elif self.script.parent(function.node) is not self.script.module:
             return f"`{name}` is nested in another function"
         if not function.callers:
             return f"`{name}` is not called in this file"
@@ -100,7 +105,7 @@ class EntryFunctions:
             if caller is not self.entry and self._receiving_caller(site) is None:
                 elsewhere = "module level" if caller.kind == "module" else f"`{caller.name}`"
                 return f"`{name}` is also called from {elsewhere} (line {site.line}), not only from {where}"
-            if not isinstance(site.call.func, cst.Name) or not site.complete:
+            if not isinstance(site.call.func, (cst.Name, cst.Attribute) if function.owner else cst.Name) or not site.complete:
                 return f"`{name}` is called with arguments that cannot be seen (line {site.line})"
         calls = {site.call.func for site in function.callers}
         definition = next((b for b in self.script.module_scope.bindings.get(name, ()) if b.node is function.node), None)
@@ -112,6 +117,48 @@ class EntryFunctions:
         if self.trains(function):
             return self._different_objects(function)
         return ""
+
+    def _why_not_method(self, function) -> str:
+        """A trainer class's method receives the accelerator as a function does (`trainer.fit(loader,
+        accelerator=accelerator)`, `self.train_epoch(loader, accelerator=accelerator)`) when every call of it can
+        be followed: a plain method of a class of the module's own (not a model, a data set or an optimizer), the
+        class named only to make instances, and the method only to call it on one."""
+        name, klass = function.name, self.script.parent(self.script.parent(function.node))
+        if not isinstance(klass, cst.ClassDef) or self.script.parent(klass) is not self.script.module:
+            return f"`{name}` is a method of a nested class"
+        if not function.is_method or function.node.decorators:
+            return f"`{name}` is a decorated method"
+        if self.script.class_kind(klass) is not None:
+            return f"`{name}` is a method of a {self.script.class_kind(klass)} class"
+        for node in self.planner.uses.names.get(klass.name.value, ()):
+            parent = self.script.parent(node)
+            if node is not klass.name and not (isinstance(parent, cst.Call) and parent.func is node):
+                return f"`{name}` is a method of `{klass.name.value}`, which is used other than to make an instance (line {self.script.line(node)})"
+        calls = {site.call.func for site in function.callers}
+        for node in self.planner.uses.names.get(function.node.name.value, ()):
+            parent = self.script.parent(node)
+            if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls:
+                return f"`{name}` is a method whose calls cannot all be followed (`.{node.value}`, line {self.script.line(node)})"
+        return ""
+
+    def constructed_with(self, entity) -> str:
+        """For `self.model` of a class whose methods receive the accelerator, bound once in the class, in its
+        `__init__`, to the parameter `model` (or `model.to(device)`): the plain name of the entry point that every
+        construction of the class passes for it (`Trainer(model, optimizer)`); "" otherwise."""
+        init = self.script.flow.function_of(entity.scope)
+        if not entity.name.startswith("self.") or init is None or init.node.name.value != "__init__" or self.why_not(init):
+            return ""
+        klass = self.script.parent(self.script.parent(init.node))
+        attribute = entity.name.removeprefix("self.")
+        stores = [target for target in _assigned_targets(klass) if isinstance(target, cst.Attribute) and target.attr.value == attribute]
+        value = entity.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+            value = value.func.value
+        if len(stores) != 1 or not isinstance(value, cst.Name) or value.value not in init.parameters:
+            return ""
+        passed = self.passed_by_the_entry(init, value.value)
+        names = {a.value if isinstance(a, cst.Name) else None for a in passed}
+        return names.pop() if len(names) == 1 and None not in names else ""
 
     def trains(self, function) -> bool:
         return any(own_scope(step.function) is function.scope for step in self.script.training_steps)
@@ -188,6 +235,23 @@ class EntryFunctions:
                 (f"`{ACCELERATOR}` passed to `{function.name}` (a parameter, and `{ACCELERATOR}={ACCELERATOR}` at its calls): "
                  f"what it trains, prints or saves goes through the entry point's Accelerator"),
             ))
+
+
+def _assigned_targets(node: cst.CSTNode):
+    """Every target assigned in `node`'s code, through tuple unpacking."""
+    for statement in walk(node):
+        if isinstance(statement, cst.Assign):
+            targets = [t.target for t in statement.targets]
+        elif isinstance(statement, (cst.AugAssign, cst.AnnAssign)):
+            targets = [statement.target]
+        else:
+            continue
+        while targets:
+            target = targets.pop()
+            if isinstance(target, (cst.Tuple, cst.List)):
+                targets += [e.value for e in target.elements]
+            else:
+                yield target
 
 
 def _appended(elements: list, new):

@@ -289,7 +289,7 @@ class Planner:
     def _plan_devices(self) -> None:
         self.gpu_index_calls = set()  # `.cuda(args.gpu)` and `torch.cuda.set_device(args.gpu)`: the flag's reads
         for binding in self.script.devices:
-            if binding.kind in ("parameter", "parsed"):
+            if binding.kind in ("parameter", "parsed") or self._keeps_a_parameter(binding):
                 continue  # receives what the entry point passes: `accelerator.device`; `args.device` is its flag's
             if binding.kind == "flag" and self.moved_after is None and self._read_cpu_flag(binding):
                 continue
@@ -331,6 +331,12 @@ class Planner:
             if not any(b.node is call or self.codemod.parent(call) is self.codemod.parent(b.node) for b in self.script.devices):
                 if any(isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call)}` in an expression: accelerate changed nothing; use `{ACCELERATOR}.device` there, then run accelerate again")
+
+    def _keeps_a_parameter(self, binding) -> bool:
+        """`self.device = device` in a method whose parameter `device` receives what its callers pass."""
+        return isinstance(binding.node, cst.Attribute) and any(
+            b.kind == "param" for b in binding.scope.bindings.get(binding.value, ())
+        )
 
     def _chosen_per_process(self, binding) -> bool:
         """`device = torch.device("cuda" if torch.cuda.is_available() else "cpu")` at module level, read only in
@@ -535,12 +541,13 @@ class Planner:
 
     def _plan_prepare(self, steps) -> set:
         names: dict[str, None] = {}
+        self._constructions: dict[cst.Call, None] = {}  # `Trainer(model, optimizer)`, keeping what is prepared
         model_names: dict[str, None] = {}
         for step in steps:
             if not step.is_complete:
                 raise CannotMigrate(step.backward, "AM820", "a backward with no optimizer step in reach: accelerate changed nothing")
             for model in step.models:
-                model_names[model.name] = None
+                model_names[self._prepared_name(model)] = None
         if not model_names:
             raise CannotMigrate(steps[0].backward, "AM820", "no model found whose forward makes the loss: accelerate changed nothing; pass the model through `accelerator.prepare` by hand")
         names.update(model_names)
@@ -548,7 +555,7 @@ class Planner:
             for optimizer_step in step.optimizer_steps:
                 if optimizer_step.entity is None:
                     raise CannotMigrate(optimizer_step.call, "AM820", f"optimizer `{optimizer_step.optimizer}` not traced to where it is made: accelerate changed nothing")
-                names[optimizer_step.entity.name] = None
+                names[self._prepared_name(optimizer_step.entity)] = None
         self.training_loaders = []
         for step in steps:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
@@ -572,6 +579,10 @@ class Planner:
             if not positions or max(positions) >= first_training:
                 raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is bound inside or after the training loop: accelerate changed nothing; make it once before the loop, then run accelerate again")
             last_binding = max(last_binding, *positions)
+        for call in self._constructions:
+            made_at = self.entry_statement(call)
+            if made_at is None or self.body.index(made_at) <= last_binding:
+                raise CannotMigrate(call, "AM820", f"`{code_of(call)}` keeps objects to prepare before the last of them is made, where `{ACCELERATOR}.prepare` goes: accelerate changed nothing; make the instance after the model, optimizer and DataLoader, then run accelerate again")
         for loader in self.training_loaders:
             if isinstance(loader, ReturnedLoader):
                 self._check_returned_loader(loader)
@@ -589,6 +600,15 @@ class Planner:
         self.model_names = set(model_names)
         self.prepared_names = set(names)
         return set(model_names)
+
+    def _prepared_name(self, entity) -> str:
+        """The entry point's name for what a training step trains: the entity's own, or for `self.model` of a class
+        whose methods receive the accelerator, the name its instances are made with (`Trainer(model, optimizer)`)."""
+        name = self.functions.constructed_with(entity)
+        if not name:
+            return entity.name
+        self._constructions.update(dict.fromkeys(site.call for site in self.script.flow.function_of(entity.scope).callers))
+        return name
 
     def _refuse_evaluation_on_host_data(self) -> None:
         """A script that places nothing on a device computes everything on the
@@ -771,23 +791,27 @@ class Planner:
                         if parent.attr.value == "module" and self._had_data_parallel():
                             self.plan.edit(parent, lambda updated: updated.value)
                         continue
+                elif name == "self" and isinstance(self.codemod.parent(parent), cst.Attribute) and self.codemod.parent(parent).value is parent:
+                    if entities.intersection(self.script.entities_of(parent)):  # `self.model.state_dict()`
+                        self._plan_attribute(parent, self.codemod.parent(parent))
+                    continue
                 elif not entities.intersection(self.script.entities_of(node)):
                     continue
                 self._plan_attribute(node, parent)
 
-    def _plan_attribute(self, node: cst.Name, attribute: cst.Attribute) -> None:
-        attr = attribute.attr.value
+    def _plan_attribute(self, node: cst.Name | cst.Attribute, attribute: cst.Attribute) -> None:
+        attr, model = attribute.attr.value, code_of(node)
         if attr in WRAPPER_SAFE:
             return
         if not self.in_entry(node):
-            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}` outside the entry point: DDP's wrapper hides the model's own attributes there; accelerate changed nothing; pass `{ACCELERATOR}.unwrap_model({node.value})` to that function, then run accelerate again")
+            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}` outside the entry point: DDP's wrapper hides the model's own attributes there; accelerate changed nothing; pass `{ACCELERATOR}.unwrap_model({model})` to that function, then run accelerate again")
         if attr == "module":
             self.plan.edit(attribute, lambda updated: unwrapped(updated.value))
         elif attr in THROUGH_UNWRAP or not self.codemod.innermost_loop(node):
             self.plan.edit(attribute, lambda updated: updated.with_changes(value=unwrapped(updated.value)))
         else:
-            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}` while training: a model trained through its own methods skips DDP's gradient synchronisation; accelerate changed nothing; train it through `{node.value}(...)`")
-        self.plan.fixes.append((attribute, "AM809", f"`{ACCELERATOR}.unwrap_model({node.value})`: the bare model: DDP's wrapper hides its own attributes, and its state_dict keys carry no `module.`"))
+            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}` while training: a model trained through its own methods skips DDP's gradient synchronisation; accelerate changed nothing; train it through `{model}(...)`")
+        self.plan.fixes.append((attribute, "AM809", f"`{ACCELERATOR}.unwrap_model({model})`: the bare model: DDP's wrapper hides its own attributes, and its state_dict keys carry no `module.`"))
 
     def _before_prepare(self, node: cst.CSTNode) -> bool:
         top = self.top_statement(node)

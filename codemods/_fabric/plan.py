@@ -138,13 +138,14 @@ class FabricPlanner(Planner):
     def _setups(self, steps) -> dict[str, list[str]]:
         """model -> the optimizers it is set up with: an optimizer made from `model.parameters()` goes with that
         model (a GAN's generator and discriminator), else with the one model of the steps it takes."""
-        setups: dict[str, list[str]] = {model.name: [] for step in steps for model in step.models}
+        setups: dict[str, list[str]] = {self._prepared_name(model): [] for step in steps for model in step.models}
         owner: dict[str, str] = {}
         for step in steps:
-            models = list(dict.fromkeys(m.name for m in step.models))
+            models = list(dict.fromkeys(self._prepared_name(m) for m in step.models))
             for optimizer_step in step.optimizer_steps:
-                name = optimizer_step.entity.name
-                made_from = self._parameters_of(optimizer_step.entity)
+                entity = optimizer_step.entity
+                name = self._prepared_name(entity)
+                made_from = self._parameters_of(entity if name == entity.name else entity.origin)
                 model = made_from if made_from in setups else models[0] if len(models) == 1 else None
                 if model is None or owner.get(name, model) != model:
                     raise CannotMigrate(optimizer_step.call, "AM820", f"optimizer `{name}` steps for more than one model: fabric changed nothing; set up each model with its own optimizers by hand (`{FABRIC}.setup_module`, `{FABRIC}.setup_optimizers`)")
@@ -234,26 +235,28 @@ class FabricPlanner(Planner):
         raise CannotMigrate(call, "AM805", f"`{code_of(call)}`: Fabric clips an optimizer's parameters, and this clip is not of one model's parameters with the one optimizer made from them; fabric changed nothing; call `{FABRIC}.clip_gradients(model, optimizer, ...)` by hand")
 
     def _optimizer_entity(self, name: str):
-        return next(s.entity for step in self.script.training_steps for s in step.optimizer_steps if s.entity.name == name)
+        """Where the optimizer the entry point names `name` is made (through what a trainer's instance keeps of it)."""
+        found = next(s.entity for step in self.script.training_steps for s in step.optimizer_steps if self._prepared_name(s.entity) == name)
+        return found.origin if found.name != name else found
 
     # -- the model behind Fabric's wrapper ---------------------------------------------------
 
-    def _plan_attribute(self, node: cst.Name, attribute: cst.Attribute) -> None:
-        attr = attribute.attr.value
+    def _plan_attribute(self, node: cst.Name | cst.Attribute, attribute: cst.Attribute) -> None:
+        attr, model = attribute.attr.value, code_of(node)
         if attr in WRAPPER_SAFE or attr in THROUGH_UNWRAP:
             return  # Fabric's module answers these as the bare module (state_dict keys without `module.`)
         if attr == "module":
             if self._had_data_parallel():
                 # DataParallel's bare module: Fabric's module answers as it.
                 self.plan.edit(attribute, lambda updated: updated.value)
-                self.plan.fixes.append((attribute, "AM809", f"`{code_of(attribute)}` -> `{node.value}`: the model Fabric set up answers state_dict and its own attributes as the bare module"))
+                self.plan.fixes.append((attribute, "AM809", f"`{code_of(attribute)}` -> `{model}`: the model Fabric set up answers state_dict and its own attributes as the bare module"))
             return
         parent = self.codemod.parent(attribute)
         called = isinstance(parent, cst.Call) and parent.func is attribute
         if called and not self.in_entry(node):
-            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}(...)` outside the entry point, where it may run while training: a model trained through its own methods skips DDP's gradient synchronisation; fabric changed nothing; call it in the entry point, or mark it with `{node.value}.mark_forward_method(...)` after `{FABRIC}.setup` by hand")
+            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}(...)` outside the entry point, where it may run while training: a model trained through its own methods skips DDP's gradient synchronisation; fabric changed nothing; call it in the entry point, or mark it with `{model}.mark_forward_method(...)` after `{FABRIC}.setup` by hand")
         if called and self._in_training(node):
-            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}(...)` while training: a model trained through its own methods skips DDP's gradient synchronisation; fabric changed nothing; train it through `{node.value}(...)`, or mark the method with `{node.value}.mark_forward_method(...)` after `{FABRIC}.setup` by hand")
+            raise CannotMigrate(attribute, "AM824", f"`{code_of(attribute)}(...)` while training: a model trained through its own methods skips DDP's gradient synchronisation; fabric changed nothing; train it through `{model}(...)`, or mark the method with `{model}.mark_forward_method(...)` after `{FABRIC}.setup` by hand")
         # Anything else: Fabric's module hands over the bare module's own attributes.
 
     def _in_training(self, node: cst.CSTNode) -> bool:

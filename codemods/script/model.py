@@ -173,6 +173,10 @@ class ScriptModel:
         definitions = self.index.definitions_of(call.func.value, self.index.scope_of(call)) if isinstance(call.func, cst.Name) else []
         return any(b.kind == "class" and self._entities.class_kind(b.node) == "optimizer" for b in definitions)
 
+    def class_kind(self, klass: cst.ClassDef) -> Optional[str]:
+        """"model", "dataset", "optimizer" (or "criterion") for a class of the file deriving from one; else None."""
+        return self._entities.class_kind(klass)
+
     def loader_built_elsewhere(self, loader: cst.BaseExpression) -> Optional[cst.Call]:
         """The call of a function of another module of the project that returns
         the DataLoader `loader` is bound to, once, here (the project fact

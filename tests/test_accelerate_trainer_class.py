@@ -1,0 +1,75 @@
+"""`--to accelerate` and `--to fabric` of a trainer class's methods
+(fixtures/accelerate/trainer_class_receives.py: `Trainer(model, optimizer,
+criterion, device)` made in main(), `trainer.fit(train_loader, val_loader,
+epochs)` calling `self.train_epoch(...)` and `self.evaluate(...)`).
+
+The methods on the way to the training step receive the accelerator (the
+Fabric) as the entry point's functions do; what the instance keeps
+(`self.model`, `self.optimizer`) is prepared in main() under the names the
+instance is made with; the checkpoint `fit` saves is the bare model's,
+written by the main process. Refused whole: an instance made before the
+last object to prepare is made, a class named other than to make an
+instance. The migrations end on 2 gloo processes with the one-process
+weights (fabric: over an unshuffled loader, as Fabric's sampler draws
+another order).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from accelmigrate.engine import migrate_source
+from conftest import FIXTURES
+from test_ddp_param_groups import expected_pair_parity, parity_on_two
+
+CASE = FIXTURES / "accelerate" / "trainer_class_receives.py"
+
+
+def _migrate(source: str, word: str = "accelerate"):
+    return migrate_source(source, [(word, {})], "train.py")
+
+
+def test_the_methods_on_the_way_to_the_step_receive_the_accelerator():
+    result = _migrate(CASE.read_text())
+    code = result.code
+    assert [f.code for f in result.findings if not f.fixed and f.code not in ("AM811",)] == []
+    assert "model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)" in code
+    assert "def train_epoch(self, loader, accelerator):" in code and "def fit(self, train_loader, val_loader, epochs, accelerator):" in code
+    assert "train_loss = self.train_epoch(train_loader, accelerator=accelerator)" in code
+    assert "trainer.fit(train_loader, val_loader, epochs=4, accelerator=accelerator)" in code
+    assert "accelerator.unwrap_model(self.model).state_dict()" in code
+    assert "def evaluate(self, loader):" in code  # it uses nothing of the accelerator
+
+
+def test_fabric_sets_up_what_the_instance_is_made_with():
+    code = _migrate(CASE.read_text(), "fabric").code
+    assert "model, optimizer = fabric.setup(model, optimizer)" in code and "self.model, " not in code.replace("self.model, self.optimizer", "")
+    assert "trainer.fit(train_loader, val_loader, epochs=4, fabric=fabric)" in code
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda s: s.replace("    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)\n    trainer = Trainer(model, optimizer, nn.MSELoss(), device)\n",
+                         "    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)\n    trainer = Trainer(model, optimizer, nn.MSELoss(), device)\n    train_loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)\n"),
+     "keeps objects to prepare before the last of them is made"),
+    (lambda s: s.replace("\n\ndef main():", "\n\nTRAINERS = {'plain': Trainer}\n\n\ndef main():"),
+     "which is used other than to make an instance"),
+])
+def test_a_trainer_whose_instances_cannot_be_followed_is_refused_whole(edit, said):
+    source = edit(CASE.read_text())
+    assert source != CASE.read_text()
+    result = _migrate(source)
+    assert result.code == source
+    assert any(f.code == "AM820" and said in f.message for f in result.findings if not f.fixed), result.findings
+
+
+@pytest.mark.slow
+def test_two_processes_end_with_the_one_process_weights(tmp_path):
+    parity = expected_pair_parity(CASE, tmp_path, "accelerate")
+    assert parity.verdict == "same", parity.why
+
+
+@pytest.mark.slow
+def test_fabric_on_two_processes_ends_with_the_one_process_weights(tmp_path):
+    source = CASE.read_text().replace("batch_size=16, shuffle=True)", "batch_size=16)")
+    parity = parity_on_two(source, _migrate(source, "fabric").code, CASE.name, tmp_path, "fabric")
+    assert parity.verdict == "same", parity.why
