@@ -1,17 +1,21 @@
-"""`--to accelerate` and `--to fabric` of a trainer class's methods
-(fixtures/accelerate/trainer_class_receives.py: `Trainer(model, optimizer,
-criterion, device)` made in main(), `trainer.fit(train_loader, val_loader,
-epochs)` calling `self.train_epoch(...)` and `self.evaluate(...)`).
+"""`--to accelerate` and `--to fabric` of a trainer class's methods.
 
-The methods on the way to the training step receive the accelerator (the
-Fabric) as the entry point's functions do; what the instance keeps
-(`self.model`, `self.optimizer`) is prepared in main() under the names the
-instance is made with; the checkpoint `fit` saves is the bare model's,
-written by the main process. Refused whole: an instance made before the
-last object to prepare is made, a class named other than to make an
-instance. The migrations end on 2 gloo processes with the one-process
-weights (fabric: over an unshuffled loader, as Fabric's sampler draws
-another order).
+- fixtures/accelerate/trainer_class_receives.py: `Trainer(model, optimizer,
+  criterion, device)` made in main(), `trainer.fit(train_loader,
+  val_loader, epochs)` calling `self.train_epoch(...)` and
+  `self.evaluate(...)`: the methods on the way to the training step receive
+  the accelerator (the Fabric) as the entry point's functions do; what the
+  instance keeps (`self.model`, `self.optimizer`) is prepared in main()
+  under the names the instance is made with;
+- fixtures/accelerate/solver_class_builds.py: a `Solver(args, dataset)`
+  whose `__init__` makes its network, optimizer and DataLoader and chooses
+  the device: `__init__` receives the accelerator and prepares them there,
+  the device becomes the accelerator's;
+- in both, the checkpoint a method saves is the bare model's, written by
+  the main process. Refused whole: an instance made before the last object
+  to prepare is made, a class named other than to make an instance. The
+  migrations end on 2 gloo processes with the one-process weights (fabric:
+  over an unshuffled loader, as Fabric's sampler draws another order).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from conftest import FIXTURES
 from test_ddp_param_groups import expected_pair_parity, parity_on_two
 
 CASE = FIXTURES / "accelerate" / "trainer_class_receives.py"
+BUILDS = FIXTURES / "accelerate" / "solver_class_builds.py"
 
 
 def _migrate(source: str, word: str = "accelerate"):
@@ -62,14 +67,29 @@ def test_a_trainer_whose_instances_cannot_be_followed_is_refused_whole(edit, sai
     assert any(f.code == "AM820" and said in f.message for f in result.findings if not f.fixed), result.findings
 
 
+def test_a_solver_that_makes_what_it_trains_prepares_it_in_its_init():
+    result = _migrate(BUILDS.read_text())
+    code = result.code
+    assert [f.code for f in result.findings if not f.fixed and f.code not in ("AM811",)] == []
+    init = code[code.index("    def __init__(self, args, dataset, accelerator):"):code.index("    def train(self, accelerator):")]
+    assert init.index("self.device = accelerator.device") < init.index("accelerator.prepare(")
+    assert init.rstrip().endswith("self.net, self.optim, self.loader = accelerator.prepare(self.net, self.optim, self.loader)")
+    assert 'self.save("solver.pt", accelerator=accelerator)' in code and "solver.train(accelerator=accelerator)" in code
+    fabric = _migrate(BUILDS.read_text(), "fabric").code
+    assert "self.net, self.optim = fabric.setup(self.net, self.optim)" in fabric and "self.loader = fabric.setup_dataloaders(self.loader)" in fabric
+
+
 @pytest.mark.slow
-def test_two_processes_end_with_the_one_process_weights(tmp_path):
-    parity = expected_pair_parity(CASE, tmp_path, "accelerate")
+@pytest.mark.parametrize("case", [CASE, BUILDS], ids=["receives", "builds"])
+def test_two_processes_end_with_the_one_process_weights(tmp_path, case):
+    parity = expected_pair_parity(case, tmp_path, "accelerate")
     assert parity.verdict == "same", parity.why
 
 
 @pytest.mark.slow
-def test_fabric_on_two_processes_ends_with_the_one_process_weights(tmp_path):
-    source = CASE.read_text().replace("batch_size=16, shuffle=True)", "batch_size=16)")
-    parity = parity_on_two(source, _migrate(source, "fabric").code, CASE.name, tmp_path, "fabric")
+@pytest.mark.parametrize("case", [CASE, BUILDS], ids=["receives", "builds"])
+def test_fabric_on_two_processes_ends_with_the_one_process_weights(tmp_path, case):
+    source = case.read_text().replace("batch_size=16, shuffle=True)", "batch_size=16)").replace(", shuffle=True)", ")")
+    assert "shuffle" not in source
+    parity = parity_on_two(source, _migrate(source, "fabric").code, case.name, tmp_path, "fabric")
     assert parity.verdict == "same", parity.why

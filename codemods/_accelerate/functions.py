@@ -135,26 +135,41 @@ class EntryFunctions:
             if node is not klass.name and not (isinstance(parent, cst.Call) and parent.func is node):
                 return f"`{name}` is a method of `{klass.name.value}`, which is used other than to make an instance (line {self.script.line(node)})"
         calls = {site.call.func for site in function.callers}
-        for node in self.planner.uses.names.get(function.node.name.value, ()):
+        # `__init__` runs where the class is called (`super().__init__()` elsewhere is another class's).
+        for node in self.planner.uses.names.get(function.node.name.value, ()) if function.node.name.value != "__init__" else ():
             parent = self.script.parent(node)
-            if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls:
+            if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls and not self._imported(parent):
                 return f"`{name}` is a method whose calls cannot all be followed (`.{node.value}`, line {self.script.line(node)})"
         return ""
 
-    def constructed_with(self, entity) -> str:
-        """For `self.model` of a class whose methods receive the accelerator, bound once in the class, in its
-        `__init__`, to the parameter `model` (or `model.to(device)`): the plain name of the entry point that every
-        construction of the class passes for it (`Trainer(model, optimizer)`); "" otherwise."""
+    def _imported(self, attribute: cst.Attribute) -> bool:
+        """`torch.save`: a name of an imported module, not a method of the file's classes."""
+        root = attribute.value
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        bindings = self.script.module_scope.bindings.get(root.value, ()) if isinstance(root, cst.Name) else ()
+        return bool(bindings) and all(b.kind == "import" for b in bindings)
+
+    def kept_by_init(self, entity):
+        """The `__init__` (receiving the accelerator) that binds `self.model` of `entity`, when nothing else in its
+        class binds that attribute; else None."""
         init = self.script.flow.function_of(entity.scope)
         if not entity.name.startswith("self.") or init is None or init.node.name.value != "__init__" or self.why_not(init):
-            return ""
+            return None
         klass = self.script.parent(self.script.parent(init.node))
         attribute = entity.name.removeprefix("self.")
         stores = [target for target in _assigned_targets(klass) if isinstance(target, cst.Attribute) and target.attr.value == attribute]
+        return init if len(stores) == 1 else None
+
+    def constructed_with(self, entity) -> str:
+        """For `self.model` kept by a trainer's `__init__` (`kept_by_init`) as its parameter `model` (or
+        `model.to(device)`): the plain name of the entry point that every construction of the class passes for
+        it (`Trainer(model, optimizer)`); "" otherwise."""
+        init = self.kept_by_init(entity)
         value = entity.value
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
             value = value.func.value
-        if len(stores) != 1 or not isinstance(value, cst.Name) or value.value not in init.parameters:
+        if init is None or not isinstance(value, cst.Name) or value.value not in init.parameters:
             return ""
         passed = self.passed_by_the_entry(init, value.value)
         names = {a.value if isinstance(a, cst.Name) else None for a in passed}

@@ -24,6 +24,7 @@ from .._shapes import is_shape_argument
 from ..script import project_facts
 from ..script import vocabulary as v
 from ..script.devices import DEVICE_STRINGS
+from ..script.entities import Entity
 from ..script.reduction import MEAN, SUM, backward_reduction, loss_reduction
 from ..script.steps import ITERATION_WRAPPERS, within_wrappers
 from ..script.uses import uses_of
@@ -297,10 +298,10 @@ class Planner:
                 continue
             if self._chosen_per_process(binding):
                 continue
-            if binding.kind in ("torch.device", "string", "get_device") and binding.scope is self.entry:
+            if binding.kind in ("torch.device", "string", "get_device") and self._chosen_where_migrated(binding):
                 target = self.codemod.parent(binding.node)
                 assign = self.codemod.parent(target) if isinstance(target, cst.AssignTarget) else target
-                if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(binding.node, cst.Name):
+                if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
                     self.plan.edit(assign, lambda updated: updated.with_changes(value=expression(f"{ACCELERATOR}.device")))
                     self.plan.fixes.append((assign, "AM803", f"`{binding.name} = {ACCELERATOR}.device`: the device accelerate gives this process"))
                     if binding.kind == "string":
@@ -331,6 +332,13 @@ class Planner:
             if not any(b.node is call or self.codemod.parent(call) is self.codemod.parent(b.node) for b in self.script.devices):
                 if any(isinstance(a.value, cst.SimpleString) and "cuda" in a.value.value for a in call.args):
                     raise CannotMigrate(call, "AM827", f"`{code_of(call)}` in an expression: accelerate changed nothing; use `{ACCELERATOR}.device` there, then run accelerate again")
+
+    def _chosen_where_migrated(self, binding) -> bool:
+        """`device = ...` in the entry point, or `self.device = ...` in a trainer's method that receives the accelerator."""
+        if binding.scope is self.entry:
+            return isinstance(binding.node, cst.Name)
+        self_attribute = isinstance(binding.node, cst.Attribute) and isinstance(binding.node.value, cst.Name) and binding.node.value.value == "self"
+        return self_attribute and self.functions.function_of(binding.node) is not None
 
     def _keeps_a_parameter(self, binding) -> bool:
         """`self.device = device` in a method whose parameter `device` receives what its callers pass."""
@@ -542,6 +550,7 @@ class Planner:
     def _plan_prepare(self, steps) -> set:
         names: dict[str, None] = {}
         self._constructions: dict[cst.Call, None] = {}  # `Trainer(model, optimizer)`, keeping what is prepared
+        self._held: dict[str, object] = {}  # `self.net` made by a trainer's `__init__`: prepared there
         model_names: dict[str, None] = {}
         for step in steps:
             if not step.is_complete:
@@ -561,7 +570,7 @@ class Planner:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 # Once each: one loader may feed several steps (a GAN's two optimizers).
                 if loop.loader is not None and loop.loader not in self.training_loaders:
-                    names[loop.loader.name] = None
+                    names[self._prepared_name(loop.loader)] = None
                     self.training_loaders.append(loop.loader)
         if not self.training_loaders:
             raise CannotMigrate(steps[0].backward, "AM820", "training loop over no DataLoader found: accelerate changed nothing; pass the training DataLoader through `accelerator.prepare` by hand")
@@ -573,6 +582,8 @@ class Planner:
         names.update(dict.fromkeys(ShardedEvaluation(self, model_names, first_training).plan()))
         last_binding = self.body.index(self.accelerator_anchor)
         for name in names:
+            if name in self._held:
+                continue
             if "." in name:
                 raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is not a plain name of the entry point: accelerate changed nothing; bind it to a name there and run accelerate again")
             positions = [self.body.index(t) for b in self.entry.bindings.get(name, ()) for t in [self.top_statement(b.node)] if t is not None]
@@ -592,10 +603,11 @@ class Planner:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 if loop.loader is not None:
                     self._refuse_wrapper_before_prepare(loop, last_binding)
-        listed = ", ".join(names)
-        anchor = self.body[last_binding]
-        self.plan.after.setdefault(anchor, []).append(statement(f"{listed} = {ACCELERATOR}.prepare({listed})", self.config))
-        self.plan.fixes.append((anchor, "AM802", f"`{ACCELERATOR}.prepare({listed})`: the model wrapped for the processes, the optimizer and scheduler step with it, and each process reads its slice of every batch"))
+        in_entry = [name for name in names if name not in self._held]
+        if in_entry:
+            self._write_prepare(self.body[last_binding], in_entry)
+        if self._held:
+            self._write_prepare(self._held_anchor(steps[0].backward), list(self._held))
         self.prepared_at = last_binding
         self.model_names = set(model_names)
         self.prepared_names = set(names)
@@ -604,11 +616,31 @@ class Planner:
     def _prepared_name(self, entity) -> str:
         """The entry point's name for what a training step trains: the entity's own, or for `self.model` of a class
         whose methods receive the accelerator, the name its instances are made with (`Trainer(model, optimizer)`)."""
-        name = self.functions.constructed_with(entity)
+        name = self.functions.constructed_with(entity) if isinstance(entity, Entity) else ""
         if not name:
+            if isinstance(entity, Entity) and self.functions.kept_by_init(entity) is not None:
+                self._held[entity.name] = entity
             return entity.name
         self._constructions.update(dict.fromkeys(site.call for site in self.script.flow.function_of(entity.scope).callers))
         return name
+
+    def _write_prepare(self, anchor: cst.CSTNode, names: list) -> None:
+        listed = ", ".join(names)
+        self.plan.after.setdefault(anchor, []).append(statement(f"{listed} = {ACCELERATOR}.prepare({listed})", self.config))
+        self.plan.fixes.append((anchor, "AM802", f"`{ACCELERATOR}.prepare({listed})`: the model wrapped for the processes, the optimizer and scheduler step with it, and each process reads its slice of every batch"))
+
+    def _held_anchor(self, backward: cst.CSTNode) -> cst.CSTNode:
+        """The statement of a trainer's `__init__` after which what it makes (`self.net`, `self.optim`,
+        `self.loader`) is all made: each bound by a statement of its own body, all in one class."""
+        inits = {self.script.flow.function_of(entity.scope).node for entity in self._held.values()}
+        if len(inits) > 1:
+            raise CannotMigrate(backward, "AM820", "the objects to prepare are made by the `__init__` of more than one class: accelerate changed nothing; prepare them by hand")
+        body = list(inits.pop().body.body)
+        tops = [next(a for a in self.codemod.ancestors(entity.at) if isinstance(a, cst.SimpleStatementLine)) for entity in self._held.values()]
+        for entity, top in zip(self._held.values(), tops):
+            if top not in body:
+                raise CannotMigrate(entity.at, "AM820", f"`{entity.name}` is bound inside a block of `__init__`, not by a statement of its own body: accelerate changed nothing; bind it once there, then run accelerate again")
+        return max(tops, key=body.index)
 
     def _refuse_evaluation_on_host_data(self) -> None:
         """A script that places nothing on a device computes everything on the

@@ -109,24 +109,30 @@ class FabricPlanner(Planner):
     # -- setup ------------------------------------------------------------------------------
 
     def _plan_prepare(self, steps) -> set:
+        self.setups = None
         prepared = super()._plan_prepare(steps)
-        anchor = self.body[self.prepared_at]
-        # In place of the accelerate planner's `... = accelerator.prepare(...)` line:
-        self.plan.after[anchor] = [line for line in self.plan.after[anchor] if untranslated(line) != "accelerator.prepare"]
-        self.plan.fixes = [fix for fix in self.plan.fixes if fix[1] != "AM802"]
         self._keep_evaluation_whole()
-        self.setups = self._setups(steps)
-        lines = []
-        for model, optimizers in self.setups.items():
-            listed = ", ".join([model, *optimizers])
-            lines.append(f"{listed} = {FABRIC}.setup({listed})")
-        loaders = ", ".join(dict.fromkeys(loader.name for loader in self.training_loaders))
-        lines.append(f"{loaders} = {FABRIC}.setup_dataloaders({loaders})")
-        self.plan.after[anchor].extend(statement(line, self.config) for line in lines)
-        self.plan.fixes.append((anchor, "AM802", f"`{FABRIC}.setup(...)` and `{FABRIC}.setup_dataloaders({loaders})`: the model wrapped for the processes with its optimizers, and each process reads its share of every batch"))
         for loader in self.training_loaders:
             self._plan_batch_share(loader.value)
         return prepared
+
+    def _write_prepare(self, anchor: cst.CSTNode, names: list) -> None:
+        """In place of the accelerate planner's `... = accelerator.prepare(...)` line: each model's setup with its
+        optimizers, and the training loaders' (evaluation loaders and schedulers stay as they are)."""
+        if self.setups is None:
+            self.setups = self._setups(self.steps)
+        lines = []
+        for model, optimizers in self.setups.items():
+            if model in names or set(optimizers) & set(names):
+                if not {model, *optimizers} <= set(names):
+                    raise CannotMigrate(anchor, "AM820", f"`{model}` and its optimizers are made in different places (the entry point, a trainer's `__init__`): fabric changed nothing; set them up by hand")
+                listed = ", ".join([model, *optimizers])
+                lines.append(f"{listed} = {FABRIC}.setup({listed})")
+        loaders = ", ".join(n for n in dict.fromkeys(self._prepared_name(loader) for loader in self.training_loaders) if n in names)
+        if loaders:
+            lines.append(f"{loaders} = {FABRIC}.setup_dataloaders({loaders})")
+        self.plan.after.setdefault(anchor, []).extend(statement(line, self.config) for line in lines)
+        self.plan.fixes.append((anchor, "AM802", f"`{FABRIC}.setup(...)` and `{FABRIC}.setup_dataloaders(...)`: the model wrapped for the processes with its optimizers, and each process reads its share of every batch"))
 
     def _keep_evaluation_whole(self) -> None:
         """Evaluation loaders stay whole, as Fabric leaves a loader it does not set up: every process evaluates
