@@ -79,6 +79,28 @@ def test_a_solver_that_makes_what_it_trains_prepares_it_in_its_init():
     assert "self.net, self.optim = fabric.setup(self.net, self.optim)" in fabric and "self.loader = fabric.setup_dataloaders(self.loader)" in fabric
 
 
+BUILT_BY_A_METHOD = (
+    """        self.net = Net().to(self.device)
+        self.optim = torch.optim.SGD(self.net.parameters(), lr=args.lr, momentum=0.9)
+        self.loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
+""",
+    """        self.loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
+        self.build_model()
+
+    def build_model(self):
+        self.net = Net().to(self.device)
+        self.optim = torch.optim.SGD(self.net.parameters(), lr=self.args.lr, momentum=0.9)
+""",
+)
+
+
+def test_what_a_method_called_by_init_makes_is_prepared_after_that_call():
+    source = BUILDS.read_text().replace(*BUILT_BY_A_METHOD)
+    assert "def build_model(self):" in source
+    code = _migrate(source).code
+    assert "        self.build_model()\n        self.net, self.optim, self.loader = accelerator.prepare(self.net, self.optim, self.loader)\n" in code
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [CASE, BUILDS], ids=["receives", "builds"])
 def test_two_processes_end_with_the_one_process_weights(tmp_path, case):

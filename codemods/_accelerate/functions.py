@@ -138,38 +138,50 @@ class EntryFunctions:
         # `__init__` runs where the class is called (`super().__init__()` elsewhere is another class's).
         for node in self.planner.uses.names.get(function.node.name.value, ()) if function.node.name.value != "__init__" else ():
             parent = self.script.parent(node)
-            if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls and not self._imported(parent):
+            if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls and not self._of_something_else(parent):
                 return f"`{name}` is a method whose calls cannot all be followed (`.{node.value}`, line {self.script.line(node)})"
         return ""
 
-    def _imported(self, attribute: cst.Attribute) -> bool:
-        """`torch.save`: a name of an imported module, not a method of the file's classes."""
+    def _of_something_else(self, attribute: cst.Attribute) -> bool:
+        """`torch.save`, `self.model.train()`: a name of an imported module, or of what the script knows to be
+        another thing (a model, an optimizer, a loader), not an instance of the file's trainer class."""
         root = attribute.value
         while isinstance(root, cst.Attribute):
             root = root.value
         bindings = self.script.module_scope.bindings.get(root.value, ()) if isinstance(root, cst.Name) else ()
-        return bool(bindings) and all(b.kind == "import" for b in bindings)
+        imported = bool(bindings) and all(b.kind == "import" for b in bindings)
+        return imported or self.script.kind_of(attribute.value) is not None
 
     def kept_by_init(self, entity):
-        """The `__init__` (receiving the accelerator) that binds `self.model` of `entity`, when nothing else in its
-        class binds that attribute; else None."""
-        init = self.script.flow.function_of(entity.scope)
-        if not entity.name.startswith("self.") or init is None or init.node.name.value != "__init__" or self.why_not(init):
+        """The statement of a trainer's `__init__` (receiving the accelerator) that binds `self.model` of `entity`:
+        its own, or its call of the method that binds it (`self.build_model()`, called from there alone), when
+        nothing else in the class binds that attribute; else None."""
+        function = self.script.flow.function_of(entity.scope)
+        if not entity.name.startswith("self.") or function is None or self.why_not(function):
             return None
-        klass = self.script.parent(self.script.parent(init.node))
+        klass = self.script.parent(self.script.parent(function.node))
         attribute = entity.name.removeprefix("self.")
         stores = [target for target in _assigned_targets(klass) if isinstance(target, cst.Attribute) and target.attr.value == attribute]
-        return init if len(stores) == 1 else None
+        statement = next((a for a in self.script.ancestors(entity.at) if isinstance(a, cst.SimpleStatementLine)), None)
+        if function.node.name.value != "__init__" and len(function.callers) == 1:
+            call = function.callers[0].call  # `self.build_model()`, a statement of `__init__`'s own
+            function = self.script.flow.function_of(function.callers[0].caller)
+            line = self.script.parent(self.script.parent(call))
+            statement = line if isinstance(line, cst.SimpleStatementLine) and line.body[0].value is call else None
+        if len(stores) != 1 or function is None or function.node.name.value != "__init__" or self.why_not(function):
+            return None
+        return statement if statement in function.node.body.body else None
 
     def constructed_with(self, entity) -> str:
         """For `self.model` kept by a trainer's `__init__` (`kept_by_init`) as its parameter `model` (or
         `model.to(device)`): the plain name of the entry point that every construction of the class passes for
         it (`Trainer(model, optimizer)`); "" otherwise."""
-        init = self.kept_by_init(entity)
+        statement = self.kept_by_init(entity)
+        init = self.script.flow.function_of(entity.scope) if statement is not None else None
         value = entity.value
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
             value = value.func.value
-        if init is None or not isinstance(value, cst.Name) or value.value not in init.parameters:
+        if init is None or init.node.name.value != "__init__" or not isinstance(value, cst.Name) or value.value not in init.parameters:
             return ""
         passed = self.passed_by_the_entry(init, value.value)
         names = {a.value if isinstance(a, cst.Name) else None for a in passed}

@@ -631,15 +631,12 @@ class Planner:
 
     def _held_anchor(self, backward: cst.CSTNode) -> cst.CSTNode:
         """The statement of a trainer's `__init__` after which what it makes (`self.net`, `self.optim`,
-        `self.loader`) is all made: each bound by a statement of its own body, all in one class."""
-        inits = {self.script.flow.function_of(entity.scope).node for entity in self._held.values()}
-        if len(inits) > 1:
+        `self.loader`) is all made: each bound by a statement of its own body, or by a method it calls there."""
+        tops = [self.functions.kept_by_init(entity) for entity in self._held.values()]
+        blocks = {self.codemod.parent(top) for top in tops}
+        if len(blocks) > 1:
             raise CannotMigrate(backward, "AM820", "the objects to prepare are made by the `__init__` of more than one class: accelerate changed nothing; prepare them by hand")
-        body = list(inits.pop().body.body)
-        tops = [next(a for a in self.codemod.ancestors(entity.at) if isinstance(a, cst.SimpleStatementLine)) for entity in self._held.values()]
-        for entity, top in zip(self._held.values(), tops):
-            if top not in body:
-                raise CannotMigrate(entity.at, "AM820", f"`{entity.name}` is bound inside a block of `__init__`, not by a statement of its own body: accelerate changed nothing; bind it once there, then run accelerate again")
+        body = list(blocks.pop().body)
         return max(tops, key=body.index)
 
     def _refuse_evaluation_on_host_data(self) -> None:
