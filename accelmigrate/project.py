@@ -27,8 +27,8 @@ from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
 from accelmigrate.sources import excluded
 from accelmigrate.training_loops import (
-    evaluating_functions, file_writers, handed_loader_classes, handed_loops as handed_loops_in, loader_classes,
-    loader_source, loop_functions, loop_precision, returned_loader,
+    evaluating_functions, file_writers, handed_loader_classes, handed_loops as handed_loops_in, iterated_by_own_loops,
+    loader_classes, loader_source, loop_functions, loop_precision, returned_loader,
 )
 
 # Folders above the script searched for an imported module's file: a script
@@ -152,10 +152,13 @@ def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> 
             f"{module}.{function[0]}": (*function, file)
             for module, file in modules.items() for function in _names_once(file, read, loop_functions)
         }
+        loaders = list(iterated_by_own_loops(tree)) if tree is not None else []  # a loop here, over a loader made there
         for own, fact, loader in handed_loops_in(tree, {name: entry[:4] for name, entry in functions.items()}) if functions else ():
             fact = dataclasses.replace(fact, mixed_precision=loop_precision(_module_tree(functions[fact.name][4], read), own))
             found[_key(path)]["training_loops"].add(fact)
             found[_key(str(functions[fact.name][4]))]["received_loops"].add(dataclasses.replace(fact, name=own))
+            loaders.append(loader)
+        for loader in loaders:
             source = loader_source(tree, loader)
             module, _, function = source[0].rpartition(".") if source is not None else ("", "", "")
             provider = _module_tree(modules[module], read) if module in modules else None

@@ -278,6 +278,18 @@ def handed_loops(tree: ast.Module, functions: dict[str, tuple]) -> Iterator[tupl
                 break
 
 
+def iterated_by_own_loops(tree: ast.Module) -> Iterator[ast.Name]:
+    """The plain names that the file's own training loops iterate (a `for` whose body calls a backward), through
+    `enumerate`/`tqdm`: `for x, y in train_loader:` of a loader another module's function returns."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and _calls_backward(node):
+            iterable = node.iter
+            while isinstance(iterable, ast.Call) and getattr(iterable.func, "id", getattr(iterable.func, "attr", "")) in PASS_THROUGH and iterable.args:
+                iterable = iterable.args[0]
+            if isinstance(iterable, ast.Name):
+                yield iterable
+
+
 def loader_source(tree: ast.Module, loader: ast.expr) -> Optional[tuple[str, int]]:
     """(the function as this file names it, the position of its result) that
     the name `loader` is bound to, once, in `tree`: `train_loader, val_loader

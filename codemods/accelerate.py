@@ -49,7 +49,8 @@ What it does
       module builds and returns (`train_dataloader, test_dataloader, names
       = data_setup.create_dataloaders(...)`) is prepared where the script
       receives it, its batches dispatched from the main process (AM810:
-      whether it shuffles is not seen from the script);
+      whether it shuffles is not seen from the script); so is one that the
+      script's own training loop iterates (`dataloader = get_celeba(params)`);
     - a call of another module's function that writes a file (`utils.save_model(model=model, ...)`),
       on a line of its own in the entry point: under `if
       accelerator.is_main_process:`, given `accelerator.unwrap_model(model)`

@@ -85,7 +85,11 @@ What it does
       and its batch size split. A loader a trainer class keeps
       (`self.train_loader = train_loader` in `__init__`) is found where a
       method iterates it, and set_epoch goes into the epoch loop of the
-      method that calls that one;
+      method that calls that one. A loader that a function of another
+      module of the project builds and returns to the script's own
+      training loop (`dataloader = get_celeba(params)`) gets its sampler
+      and per-process batch size there, and the script's epoch loop
+      `set_loader_epoch(dataloader, epoch)`;
     - where no DataLoader feeds training, gives each rank its share of the
       batch the step draws itself (slices of a data set tensor in a range
       loop, `X[i:i + B]`; whole tensors every step; what a function of the

@@ -90,6 +90,7 @@ class Planner:
         self.module: cst.Module = self.script.module
         self.config = self.module.config_for_parsing
         self.plan = Plan()
+        self._returned_loaders_of: dict = {}  # a training loop -> the loader another module's function returns to it
 
     # -- the whole plan -----------------------------------------------------------------
 
@@ -569,9 +570,10 @@ class Planner:
         for step in steps:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 # Once each: one loader may feed several steps (a GAN's two optimizers).
-                if loop.loader is not None and loop.loader not in self.training_loaders:
-                    names[self._prepared_name(loop.loader)] = None
-                    self.training_loaders.append(loop.loader)
+                loader = self.loader_of(loop)
+                if loader is not None and loader not in self.training_loaders:
+                    names[self._prepared_name(loader)] = None
+                    self.training_loaders.append(loader)
         if not self.training_loaders:
             raise CannotMigrate(steps[0].backward, "AM820", "training loop over no DataLoader found: accelerate changed nothing; pass the training DataLoader through `accelerator.prepare` by hand")
         for scheduler in self.script.schedulers:
@@ -601,7 +603,7 @@ class Planner:
                 self._check_loader(loader)
         for step in steps:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
-                if loop.loader is not None:
+                if self.loader_of(loop) is not None:
                     self._refuse_wrapper_before_prepare(loop, last_binding)
         in_entry = [name for name in names if name not in self._held]
         if in_entry:
@@ -612,6 +614,18 @@ class Planner:
         self.model_names = set(model_names)
         self.prepared_names = set(names)
         return set(model_names)
+
+    def loader_of(self, loop):
+        """The DataLoader a training loop iterates: the script's own (`loop.loader`), or one that a function of
+        another module of the project builds and returns to the name the loop iterates (`dataloader =
+        get_celeba(params)`, the fact `sharded_loaders`), prepared here all the same."""
+        if loop.loader is not None or not isinstance(loop.node, cst.For) or not self.codemod.reads_handoffs:
+            return loop.loader
+        if loop.node not in self._returned_loaders_of:
+            iterable = within_wrappers(loop.node.iter, lambda call: self.codemod.is_call_to(call, ITERATION_WRAPPERS))
+            built = self.script.loader_built_elsewhere(iterable) if isinstance(iterable, cst.Name) else None
+            self._returned_loaders_of[loop.node] = ReturnedLoader(iterable.value, iterable, built) if built is not None else None
+        return self._returned_loaders_of[loop.node]
 
     def _prepared_name(self, entity) -> str:
         """The entry point's name for what a training step trains: the entity's own, or for `self.model` of a class
@@ -688,14 +702,15 @@ class Planner:
         if not isinstance(loop.node, cst.For):
             return  # a handed loop's call with no loop around it here
         iterable = within_wrappers(loop.node.iter, lambda call: self.codemod.is_call_to(call, ITERATION_WRAPPERS))
-        if not isinstance(iterable, cst.Name) or iterable.value == loop.loader.name:
+        loader = self.loader_of(loop)
+        if not isinstance(iterable, cst.Name) or iterable.value == loader.name:
             return
         for binding in self.script.bindings_of(iterable.value, iterable):
             top = self.entry_statement(binding.node)
             if top is None or self.body.index(top) <= last_binding:
                 raise CannotMigrate(
                     binding.node, "AM820",
-                    f"`{iterable.value}` wraps `{loop.loader.name}` before the loader can be prepared: accelerate changed "
+                    f"`{iterable.value}` wraps `{loader.name}` before the loader can be prepared: accelerate changed "
                     f"nothing; make `{iterable.value}` where the training loop starts, then run accelerate again",
                 )
 

@@ -43,7 +43,8 @@ def plan_running_totals(planner, steps, combined: Callable[[RunningTotal], str])
     loops: dict[cst.For, None] = {}
     for step in steps:
         for loop in step.loops or step.called_in_loops:
-            if loop.loader is not None and loop.loader in planner.training_loaders and isinstance(loop.node, cst.For):
+            loader = planner.loader_of(loop)
+            if loader is not None and loader in planner.training_loaders and isinstance(loop.node, cst.For):
                 loops[loop.node] = None
     combine_after(planner, list(loops), combined)
 

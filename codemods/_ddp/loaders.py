@@ -13,6 +13,7 @@ import libcst as cst
 from .._base import append_keyword_args, dotted_name, has_star_args, keyword_arg, walk
 from ..script import vocabulary as v
 from ..script.workers_facts import KwargsDict, workers_facts
+from ..script.steps import ITERATION_WRAPPERS, within_wrappers
 from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
@@ -60,6 +61,14 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
             return
         if self._handed_calls():
             return
+        built_elsewhere = self._loops_over_loaders_built_elsewhere()
+        for loop, loader in built_elsewhere:  # the module that builds it shards it
+            try:
+                self._plan_set_epoch(loop, loader, [], received=True)
+            except CannotMigrate as problem:
+                self.report(problem.node, problem.code, problem.message)
+        if built_elsewhere:
+            return
         problem = self._plan_index_batches()
         if problem is not None:
             self.report(
@@ -69,6 +78,19 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
                 "faster than one process); give each rank its share of the data by hand (`rank_share(batch)`: its "
                 "rows `global_rank()::world_size()`)",
             )
+
+    def _loops_over_loaders_built_elsewhere(self) -> list[tuple[cst.For, cst.Name]]:
+        """The training loops of this file over a loader that a function of another module of the project builds
+        and returns (`dataloader = get_celeba(params)`, the fact `sharded_loaders`): it is sharded there."""
+        found = []
+        for step in self.script.training_steps:
+            for loop in step.loops:
+                if not isinstance(loop.node, cst.For):
+                    continue
+                iterable = within_wrappers(loop.node.iter, lambda call: self.is_call_to(call, ITERATION_WRAPPERS))
+                if isinstance(iterable, cst.Name) and self._sharded_elsewhere(iterable) and (loop.node, iterable) not in found:
+                    found.append((loop.node, iterable))
+        return found
 
     def _loader_sharded_before(self, call: cst.Call) -> bool:
         """The DataLoader has a DistributedSampler already (a migration run before)."""

@@ -34,7 +34,8 @@ and read by the codemods through `ScriptModel.project`.
 - `sharded_loaders`: the functions of the project's modules, named as this
   file's imports name them, with the position of their result
   (`data.get_loaders`, 0; -1 for a single result), whose DataLoader this
-  file hands such a loop: sharded where it is built.
+  file hands such a loop, or its own training loop iterates: sharded
+  where it is built.
 - `loader_classes`: the classes of the project's modules, named as this
   file's imports name them (`solver.Solver`), whose method trains on the
   DataLoader this file builds and hands their constructor
