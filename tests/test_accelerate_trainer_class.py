@@ -101,6 +101,15 @@ def test_what_a_method_called_by_init_makes_is_prepared_after_that_call():
     assert "        self.build_model()\n        self.net, self.optim, self.loader = accelerator.prepare(self.net, self.optim, self.loader)\n" in code
 
 
+def test_the_model_an_instance_keeps_read_outside_its_class_is_refused_under_accelerate():
+    source = BUILDS.read_text().replace("    solver.train()\n", "    solver.train()\n    torch.save(solver.net.state_dict(), 'net.pt')\n")
+    result = _migrate(source)
+    assert result.code == source and [f.code for f in result.findings if not f.fixed and f.code != "AM811"] == ["AM824"]
+    # Fabric's module answers state_dict as the bare module: read there, it is right as it is.
+    fabric = _migrate(source, "fabric").code
+    assert "self.net, self.optim = fabric.setup(self.net, self.optim)" in fabric and "solver.net.state_dict()" in fabric
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [CASE, BUILDS], ids=["receives", "builds"])
 def test_two_processes_end_with_the_one_process_weights(tmp_path, case):

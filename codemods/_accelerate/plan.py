@@ -651,7 +651,22 @@ class Planner:
         if len(blocks) > 1:
             raise CannotMigrate(backward, "AM820", "the objects to prepare are made by the `__init__` of more than one class: accelerate changed nothing; prepare them by hand")
         body = list(blocks.pop().body)
+        self._refuse_models_read_on_the_instance()
         return max(tops, key=body.index)
+
+    def _refuse_models_read_on_the_instance(self) -> None:
+        """`solver.net.state_dict()` outside the class: the model an instance keeps is the prepared one, whose
+        own attributes (and state_dict keys) its wrapper hides; only `self.net` is planned through the bare module."""
+        attributes = {entity.name.removeprefix("self.") for entity in self._held.values() if entity.kind == "model"}
+        for attribute in sorted(attributes):
+            for node in self.uses.names.get(attribute, ()):
+                parent = self.codemod.parent(node)
+                if not (isinstance(parent, cst.Attribute) and parent.attr is node) or (isinstance(parent.value, cst.Name) and parent.value.value == "self"):
+                    continue
+                outer = self.codemod.parent(parent)
+                if isinstance(outer, cst.Attribute) and outer.value is parent and outer.attr.value in WRAPPER_SAFE:
+                    continue
+                raise CannotMigrate(parent, "AM824", f"`{code_of(parent)}` reads the model the instance keeps, which is the prepared one, outside its class: accelerate changed nothing; read it in the class's own methods, or through `{ACCELERATOR}.unwrap_model({code_of(parent)})` by hand")
 
     def _refuse_evaluation_on_host_data(self) -> None:
         """A script that places nothing on a device computes everything on the

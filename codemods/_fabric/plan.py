@@ -169,6 +169,9 @@ class FabricPlanner(Planner):
             return dotted_name(first.func.value)
         return None
 
+    def _refuse_models_read_on_the_instance(self) -> None:
+        pass  # Fabric's module answers its own attributes and state_dict as the bare module, wherever it is read
+
     @staticmethod
     def _bare_model(updated):
         return updated  # Fabric's module answers state_dict and its attributes as the bare module
