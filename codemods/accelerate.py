@@ -58,7 +58,10 @@ What it does
       best weights) is refused (AM826);
     - the trained models, their optimizers, the training DataLoaders and the
       entry point's schedulers passed through `accelerator.prepare(...)` once
-      they are all made;
+      they are all made; a training DataLoader made anew at the top of each
+      epoch (`for epoch ...: loader = DataLoader(...)`) is prepared right
+      where it is made, each time (fabric refuses it: set up anew, its
+      sampler would draw one order for every epoch);
     - the training loop's tensors shaped with the loader's batch size
       (`x.view(batch_size, -1)`, `torch.zeros(batch_size, 1)`): each
       process holds its share of every batch, so the size reads

@@ -552,6 +552,7 @@ class Planner:
         names: dict[str, None] = {}
         self._constructions: dict[cst.Call, None] = {}  # `Trainer(model, optimizer)`, keeping what is prepared
         self._held: dict[str, object] = {}  # `self.net` made by a trainer's `__init__`: prepared there
+        self._per_epoch: dict[str, cst.CSTNode] = {}  # a training loader made anew each epoch -> its statement
         model_names: dict[str, None] = {}
         for step in steps:
             if not step.is_complete:
@@ -589,6 +590,8 @@ class Planner:
             if "." in name:
                 raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is not a plain name of the entry point: accelerate changed nothing; bind it to a name there and run accelerate again")
             positions = [self.body.index(t) for b in self.entry.bindings.get(name, ()) for t in [self.top_statement(b.node)] if t is not None]
+            if positions and max(positions) >= first_training and self._made_per_epoch(name, steps):
+                continue
             if not positions or max(positions) >= first_training:
                 raise CannotMigrate(steps[0].backward, "AM820", f"`{name}` is bound inside or after the training loop: accelerate changed nothing; make it once before the loop, then run accelerate again")
             last_binding = max(last_binding, *positions)
@@ -605,7 +608,9 @@ class Planner:
             for loop in step.loops or step.called_in_loops:  # or the loop around a step function's calls
                 if self.loader_of(loop) is not None:
                     self._refuse_wrapper_before_prepare(loop, last_binding)
-        in_entry = [name for name in names if name not in self._held]
+        in_entry = [name for name in names if name not in self._held and name not in self._per_epoch]
+        for name, made_at in self._per_epoch.items():
+            self._write_prepare(made_at, [name])
         if in_entry:
             self._write_prepare(self.body[last_binding], in_entry)
         if self._held:
@@ -637,6 +642,25 @@ class Planner:
             return entity.name
         self._constructions.update(dict.fromkeys(site.call for site in self.script.flow.function_of(entity.scope).callers))
         return name
+
+    def _made_per_epoch(self, name: str, steps) -> bool:
+        """A training DataLoader made anew in the loop around the training loop (`for epoch ...: loader =
+        DataLoader(...)`, then `for batch in loader:`): prepared right where it is made, each time. Its one
+        binding is a statement of that loop's own block, and every training loop over it comes later in the block."""
+        loaders = [loader for loader in self.training_loaders if loader.name == name and isinstance(loader, Entity)]
+        bindings = self.entry.bindings.get(name, ())
+        if len(loaders) != 1 or len(bindings) != 1 or not isinstance(loaders[0].value, cst.Call):
+            return False
+        made_at = next((a for a in self.codemod.ancestors(bindings[0].node) if isinstance(a, cst.SimpleStatementLine)), None)
+        block = self.codemod.parent(made_at) if made_at is not None else None
+        if not isinstance(block, cst.IndentedBlock) or not isinstance(self.codemod.parent(block), (cst.For, cst.While)):
+            return False
+        later = list(block.body)[list(block.body).index(made_at) + 1:]
+        training_loops = [loop.node for step in steps for loop in step.loops if self.loader_of(loop) is loaders[0]]
+        if not training_loops or not all(any(a in later for a in [loop, *self.codemod.ancestors(loop)]) for loop in training_loops):
+            return False
+        self._per_epoch[name] = made_at
+        return True
 
     def _write_prepare(self, anchor: cst.CSTNode, names: list) -> None:
         listed = ", ".join(names)

@@ -169,6 +169,9 @@ class FabricPlanner(Planner):
             return dotted_name(first.func.value)
         return None
 
+    def _made_per_epoch(self, name: str, steps) -> bool:
+        return False  # set up anew each epoch, its DistributedSampler would start again from epoch 0: one order every epoch
+
     def _refuse_models_read_on_the_instance(self) -> None:
         pass  # Fabric's module answers its own attributes and state_dict as the bare module, wherever it is read
 
