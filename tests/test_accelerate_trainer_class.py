@@ -46,6 +46,17 @@ def test_the_methods_on_the_way_to_the_step_receive_the_accelerator():
     assert "def evaluate(self, loader):" in code  # it uses nothing of the accelerator
 
 
+def test_a_method_under_no_grad_that_prints_receives_the_accelerator_too():
+    source = CASE.read_text().replace("    def evaluate(self, loader):\n", "    @torch.no_grad()\n    def evaluate(self, loader):\n").replace(
+        "                total += self.criterion(self.model(inputs), targets).item()\n        return",
+        "                total += self.criterion(self.model(inputs), targets).item()\n        print(f\"validation total {total:.5f}\")\n        return",
+    )
+    assert "@torch.no_grad()" in source and "validation total" in source
+    code = _migrate(source).code
+    assert "    @torch.no_grad()\n    def evaluate(self, loader, accelerator):\n" in code
+    assert 'accelerator.print(f"validation total {total:.5f}")' in code and "val_loss = self.evaluate(val_loader, accelerator=accelerator)" in code
+
+
 def test_fabric_sets_up_what_the_instance_is_made_with():
     code = _migrate(CASE.read_text(), "fabric").code
     assert "model, optimizer = fabric.setup(model, optimizer)" in code and "self.model, " not in code.replace("self.model, self.optimizer", "")

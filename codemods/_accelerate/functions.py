@@ -48,6 +48,7 @@ import libcst as cst
 
 from .._base import code_of, keyword_arg, walk
 from .._ddp.decisions import RankDecisions
+from ..script import vocabulary as v
 from ..script.devices import CPU_CHOICE_FLAGS
 from ..script.uses import FOLLOW_DEPTH
 from .common import ACCELERATOR
@@ -126,7 +127,7 @@ class EntryFunctions:
         name, klass = function.name, self.script.parent(self.script.parent(function.node))
         if not isinstance(klass, cst.ClassDef) or self.script.parent(klass) is not self.script.module:
             return f"`{name}` is a method of a nested class"
-        if not function.is_method or function.node.decorators:
+        if not function.is_method or not all(map(self._keeps_the_signature, function.node.decorators)):
             return f"`{name}` is a decorated method"
         if self.script.class_kind(klass) is not None:
             return f"`{name}` is a method of a {self.script.class_kind(klass)} class"
@@ -141,6 +142,11 @@ class EntryFunctions:
             if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls and not self._of_something_else(parent):
                 return f"`{name}` is a method whose calls cannot all be followed (`.{node.value}`, line {self.script.line(node)})"
         return ""
+
+    def _keeps_the_signature(self, decorator: cst.Decorator) -> bool:
+        """`@torch.no_grad()`, `@torch.inference_mode()`: the method is called as written."""
+        called = decorator.decorator.func if isinstance(decorator.decorator, cst.Call) else decorator.decorator
+        return bool(self.planner.codemod.qualified_names(called) & v.NO_GRAD)
 
     def _of_something_else(self, attribute: cst.Attribute) -> bool:
         """`torch.save`, `self.model.train()`: a name of an imported module, or of what the script knows to be
