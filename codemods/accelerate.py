@@ -76,7 +76,8 @@ What it does
       original's batches (the last one's padding dropped). Other evaluation
       loaders stay whole (every process evaluates the full set, and the
       numbers printed are one process's);
-    - `device = torch.device(...)` -> `device = accelerator.device` (a string
+    - `device = torch.device(...)` (or `args.device = torch.device(...)`, or
+      `self.device = ...` in a trainer's method) -> `device = accelerator.device` (a string
       device's `device == "cuda"` -> `device.type == "cuda"`), and
       `.cuda()` / `.to("cuda")` -> `.to(accelerator.device)`; a `--gpu N`
       read only by `torch.cuda.set_device(args.gpu)` (dropped) and

@@ -337,7 +337,7 @@ class Planner:
     def _chosen_where_migrated(self, binding) -> bool:
         """`device = ...` in the entry point, or `self.device = ...` in a trainer's method that receives the accelerator."""
         if binding.scope is self.entry:
-            return isinstance(binding.node, cst.Name)
+            return isinstance(binding.node, cst.Name) or _parsed_argument(binding.node)
         self_attribute = isinstance(binding.node, cst.Attribute) and isinstance(binding.node.value, cst.Name) and binding.node.value.value == "self"
         return self_attribute and self.functions.function_of(binding.node) is not None
 
@@ -1024,3 +1024,8 @@ class Planner:
             if isinstance(ancestor, (cst.BaseCompoundStatement, cst.FunctionDef)):
                 return None
         return None
+
+
+def _parsed_argument(target: cst.CSTNode) -> bool:
+    """`args.device`: an attribute of a plain name (the parsed arguments, a config namespace)."""
+    return isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name)
