@@ -46,7 +46,7 @@ import dataclasses
 
 import libcst as cst
 
-from .._base import code_of, keyword_arg, walk
+from .._base import code_of, keyword_arg
 from .._ddp.decisions import RankDecisions
 from ..script import vocabulary as v
 from ..script.devices import CPU_CHOICE_FLAGS
@@ -72,6 +72,7 @@ class EntryFunctions:
         self.script = planner.script
         self.entry = entry
         self._reasons: dict = {}  # Function -> why it cannot receive the accelerator ("" when it can)
+        self._kept: dict = {}  # Entity -> the statement of `__init__` that keeps it (kept_by_init), or None
 
     # -- which functions --------------------------------------------------------------------
 
@@ -162,12 +163,20 @@ class EntryFunctions:
         """The statement of a trainer's `__init__` (receiving the accelerator) that binds `self.model` of `entity`:
         its own, or its call of the method that binds it (`self.build_model()`, called from there alone), when
         nothing else in the class binds that attribute; else None."""
+        if entity not in self._kept:
+            self._kept[entity] = self._kept_by_init(entity)
+        return self._kept[entity]
+
+    def _kept_by_init(self, entity):
         function = self.script.flow.function_of(entity.scope)
         if not entity.name.startswith("self.") or function is None or self.why_not(function):
             return None
-        klass = self.script.parent(self.script.parent(function.node))
-        attribute = entity.name.removeprefix("self.")
-        stores = [target for target in _assigned_targets(klass) if isinstance(target, cst.Attribute) and target.attr.value == attribute]
+        klass = entity.scope.enclosing_class
+        attribute = "." + entity.name.removeprefix("self.")
+        stores = [
+            binding for scope in self.script.index.scopes if _within(scope, klass)
+            for name, bindings in scope.bindings.items() if name.endswith(attribute) for binding in bindings
+        ]
         statement = next((a for a in self.script.ancestors(entity.at) if isinstance(a, cst.SimpleStatementLine)), None)
         if function.node.name.value != "__init__" and len(function.callers) == 1:
             call = function.callers[0].call  # `self.build_model()`, a statement of `__init__`'s own
@@ -184,7 +193,7 @@ class EntryFunctions:
         it (`Trainer(model, optimizer)`); "" otherwise."""
         statement = self.kept_by_init(entity)
         init = self.script.flow.function_of(entity.scope) if statement is not None else None
-        value = entity.value
+        value = entity.value  # a parameter is no entity of its own: follow `.to(device)` to its name by hand
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
             value = value.func.value
         if init is None or init.node.name.value != "__init__" or not isinstance(value, cst.Name) or value.value not in init.parameters:
@@ -270,21 +279,11 @@ class EntryFunctions:
             ))
 
 
-def _assigned_targets(node: cst.CSTNode):
-    """Every target assigned in `node`'s code, through tuple unpacking."""
-    for statement in walk(node):
-        if isinstance(statement, cst.Assign):
-            targets = [t.target for t in statement.targets]
-        elif isinstance(statement, (cst.AugAssign, cst.AnnAssign)):
-            targets = [statement.target]
-        else:
-            continue
-        while targets:
-            target = targets.pop()
-            if isinstance(target, (cst.Tuple, cst.List)):
-                targets += [e.value for e in target.elements]
-            else:
-                yield target
+def _within(scope, outer) -> bool:
+    """`scope` is `outer` or nested in it."""
+    while scope is not None and scope is not outer:
+        scope = scope.parent
+    return scope is not None
 
 
 def _appended(elements: list, new):

@@ -47,6 +47,10 @@ class ReturnedLoader:
     call: cst.Call  # the call that returns it
     value = None
 
+    @classmethod
+    def of(cls, name: cst.Name, call: cst.Call) -> "ReturnedLoader":
+        return cls(name.value, name, call)
+
 
 @dataclasses.dataclass(eq=False)
 class HandedOptimizer:
@@ -123,7 +127,7 @@ def _loader(script, argument: Optional[cst.BaseExpression]):
     """The loader entity a plain name holds, or the loader another module's function returns to it."""
     found = _entity(script, argument, "loader")
     built = script.loader_built_elsewhere(argument) if found is None and argument is not None else None
-    return ReturnedLoader(argument.value, argument, built) if built is not None else found
+    return ReturnedLoader.of(argument, built) if built is not None else found
 
 
 def _entity(script, argument: Optional[cst.BaseExpression], kind: str):

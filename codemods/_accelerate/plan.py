@@ -615,6 +615,7 @@ class Planner:
             self._write_prepare(self.body[last_binding], in_entry)
         if self._held:
             self._write_prepare(self._held_anchor(steps[0].backward), list(self._held))
+            self._refuse_models_read_on_the_instance()
         self.prepared_at = last_binding
         self.model_names = set(model_names)
         self.prepared_names = set(names)
@@ -624,12 +625,11 @@ class Planner:
         """The DataLoader a training loop iterates: the script's own (`loop.loader`), or one that a function of
         another module of the project builds and returns to the name the loop iterates (`dataloader =
         get_celeba(params)`, the fact `sharded_loaders`), prepared here all the same."""
-        if loop.loader is not None or not isinstance(loop.node, cst.For) or not self.codemod.reads_handoffs:
+        if loop.loader is not None or not self.codemod.reads_handoffs:
             return loop.loader
         if loop.node not in self._returned_loaders_of:
-            iterable = within_wrappers(loop.node.iter, lambda call: self.codemod.is_call_to(call, ITERATION_WRAPPERS))
-            built = self.script.loader_built_elsewhere(iterable) if isinstance(iterable, cst.Name) else None
-            self._returned_loaders_of[loop.node] = ReturnedLoader(iterable.value, iterable, built) if built is not None else None
+            returned = self.script.loader_returned_to(loop.node)
+            self._returned_loaders_of[loop.node] = ReturnedLoader.of(*returned) if returned is not None else None
         return self._returned_loaders_of[loop.node]
 
     def _prepared_name(self, entity) -> str:
@@ -675,7 +675,6 @@ class Planner:
         if len(blocks) > 1:
             raise CannotMigrate(backward, "AM820", "the objects to prepare are made by the `__init__` of more than one class: accelerate changed nothing; prepare them by hand")
         body = list(blocks.pop().body)
-        self._refuse_models_read_on_the_instance()
         return max(tops, key=body.index)
 
     def _refuse_models_read_on_the_instance(self) -> None:

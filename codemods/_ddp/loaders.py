@@ -13,7 +13,6 @@ import libcst as cst
 from .._base import append_keyword_args, dotted_name, has_star_args, keyword_arg, walk
 from ..script import vocabulary as v
 from ..script.workers_facts import KwargsDict, workers_facts
-from ..script.steps import ITERATION_WRAPPERS, within_wrappers
 from ..script.uses import FOLLOW_DEPTH
 from .common import (
     RUNTIME, CannotMigrate, Insertion, Var, call_of, dataset_name_for, header, is_none, is_plain_reference, keyword_of, loop_body,
@@ -83,13 +82,11 @@ class LoaderSharding(LoaderKwargsSharding, HandedLoops):
         """The training loops of this file over a loader that a function of another module of the project builds
         and returns (`dataloader = get_celeba(params)`, the fact `sharded_loaders`): it is sharded there."""
         found = []
-        for step in self.script.training_steps:
+        for step in self.script.training_steps if self.reads_handoffs else ():
             for loop in step.loops:
-                if not isinstance(loop.node, cst.For):
-                    continue
-                iterable = within_wrappers(loop.node.iter, lambda call: self.is_call_to(call, ITERATION_WRAPPERS))
-                if isinstance(iterable, cst.Name) and self._sharded_elsewhere(iterable) and (loop.node, iterable) not in found:
-                    found.append((loop.node, iterable))
+                returned = self.script.loader_returned_to(loop.node)
+                if returned is not None and (loop.node, returned[0]) not in found:
+                    found.append((loop.node, returned[0]))
         return found
 
     def _loader_sharded_before(self, call: cst.Call) -> bool:

@@ -491,25 +491,36 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             found.append(ancestor)
         return found
 
-    def _runs_only_after(self, later: cst.CSTNode, read: cst.CSTNode, depth: int = 0) -> bool:
-        if self._comes_before_in_same_function(read, later):
+    def _runs_only_after(self, later: cst.CSTNode, read: cst.CSTNode) -> bool:
+        def after_the_read(node: cst.CSTNode) -> Optional[bool]:
+            if not self._comes_before_in_same_function(read, node):
+                return None
             loops = {id(a) for a in self.ancestors(read) if isinstance(a, (cst.For, cst.While))}
-            return not any(id(a) in loops for a in self.ancestors(later))
-        function = self.script.function_at(later)
-        if function is None or not function.callers or depth >= MAX_CALL_DEPTH:
-            return False
-        return all(self._runs_only_after(site.call, read, depth + 1) for site in function.callers)
+            return not any(id(a) in loops for a in self.ancestors(node))
 
-    def _written_before(self, write: cst.CSTNode, read: cst.CSTNode, depth: int = 0) -> bool:
+        return self._settled_on_every_way_to(later, after_the_read)
+
+    def _written_before(self, write: cst.CSTNode, read: cst.CSTNode) -> bool:
         """Does `write` run before `read` on the way to it: earlier in the read's own function, or earlier than
         every call of that function (`test(model)` after the training loop that saves the best weights), each
         call reached alike on every rank, so that a `barrier()` before the read meets them all?"""
-        if self._comes_before_in_same_function(write, read):
-            return True
-        function = self.script.function_at(read)
+        return self._settled_on_every_way_to(
+            read, lambda node: True if self._comes_before_in_same_function(write, node) else None, self._call_reached_alike
+        )
+
+    def _settled_on_every_way_to(self, node: cst.CSTNode, settle, call_allowed=None, depth: int = 0) -> bool:
+        """`settle(node)` where it says True or False; where it says None, the same asked of every call of the
+        function `node` is in (each one `call_allowed`), up to MAX_CALL_DEPTH calls out; False at the top."""
+        settled = settle(node)
+        if settled is not None:
+            return settled
+        function = self.script.function_at(node)
         if function is None or not function.callers or depth >= MAX_CALL_DEPTH:
             return False
-        return all(self._call_reached_alike(site.call) and self._written_before(write, site.call, depth + 1) for site in function.callers)
+        return all(
+            (call_allowed is None or call_allowed(site.call)) and self._settled_on_every_way_to(site.call, settle, call_allowed, depth + 1)
+            for site in function.callers
+        )
 
     def _call_reached_alike(self, node: cst.CSTNode) -> bool:
         statement, _ = self._block_statement(node)

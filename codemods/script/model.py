@@ -36,7 +36,7 @@ from .project_facts import ProjectFacts
 from .project_facts import current as current_project_facts
 from .scopes import Binding, Index, Scope
 from . import vocabulary as v
-from .steps import EvaluationRegion, Loop, Steps, TrainingStep
+from .steps import ITERATION_WRAPPERS, EvaluationRegion, Loop, Steps, TrainingStep, within_wrappers
 
 _Facts = TypeVar("_Facts")
 
@@ -193,6 +193,16 @@ class ScriptModel:
             positions = [-1] if target is bindings[0].node else []
         names = self.qualified_names(assign.value.func)
         return assign.value if any((name, position) in sources for name in names for position in positions) else None
+
+    def loader_returned_to(self, loop: cst.CSTNode) -> Optional[tuple[cst.Name, cst.Call]]:
+        """For a `for` loop over a name (through `enumerate`/`tqdm`) bound to the DataLoader a function of another
+        module of the project returns (`dataloader = get_celeba(params)`, then `for batch in dataloader:`): that name
+        and the call; else None. The loader is made there, so whatever it needs is done there."""
+        if not isinstance(loop, cst.For):
+            return None
+        iterable = within_wrappers(loop.iter, lambda call: self.is_call_to(call, ITERATION_WRAPPERS))
+        built = self.loader_built_elsewhere(iterable) if isinstance(iterable, cst.Name) else None
+        return (iterable, built) if built is not None else None
 
     def is_dataloader(self, call: cst.CSTNode) -> bool:
         """A call of torch's DataLoader, by any spelling; also a bare
