@@ -23,14 +23,16 @@ from typing import Optional, Sequence
 
 import click
 
-from accelmigrate import __version__, lint
+from accelmigrate import __version__
+
 from accelmigrate.codemods import DEFAULT_WORDS, PRESETS, infos
-from accelmigrate.config import Config, close_match
-from accelmigrate.engine import CODEMOD_FAILED, UNKNOWN_CODE_IN_CONFIG, FileResult, known_codes, process_files, process_text
-from accelmigrate.path_arguments import PathsCommand
-from accelmigrate.selection import EXIT_ERROR, UsageError, config_for, plan_for, with_codes
-from accelmigrate.report import Reporter
-from accelmigrate.sources import InputError, decode_source, iter_python_files
+from accelmigrate.engine.config import Config, close_match
+from accelmigrate.engine.migrate import CODEMOD_FAILED, UNKNOWN_CODE_IN_CONFIG, FileResult, known_codes, process_files, process_text
+from accelmigrate.engine.selection import EXIT_ERROR, UsageError, config_for, plan_for, with_codes
+from accelmigrate.files.path_arguments import PathsCommand
+from accelmigrate.files.sources import InputError, decode_source, iter_python_files
+from accelmigrate.output import lint
+from accelmigrate.output.report import Reporter
 
 EXIT_OK, EXIT_PENDING = 0, 1
 STDIN = "-"
@@ -50,10 +52,10 @@ class LazyGroup(click.Group):
     help the group's own help lists."""
 
     lazy = {
-        "run": ("accelmigrate.runner:run_command", "Run a training script on this machine's GPUs (torchrun when several)."),
-        "profile": ("accelmigrate.profiler:profile_command", "Profile a few training steps of a script: where its time goes."),
-        "verify": ("accelmigrate.verify:verify_command", "Check that the migrated script trains as the original does."),
-        "server": ("accelmigrate.server:server_command", "Language server over stdio: findings and fixes in an editor."),
+        "run": ("accelmigrate.launch.runner:run_command", "Run a training script on this machine's GPUs (torchrun when several)."),
+        "profile": ("accelmigrate.launch.profiler:profile_command", "Profile a few training steps of a script: where its time goes."),
+        "verify": ("accelmigrate.launch.verify:verify_command", "Check that the migrated script trains as the original does."),
+        "server": ("accelmigrate.server.serve:server_command", "Language server over stdio: findings and fixes in an editor."),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -130,7 +132,7 @@ def _cache_folder(config: Config, no_cache: bool) -> Optional[Path]:
     pyproject.toml, else the current one), unless --no-cache."""
     if no_cache:
         return None
-    from accelmigrate.cache import cache_folder
+    from accelmigrate.engine.cache import cache_folder
 
     return cache_folder(config.path.parent if config.path is not None else Path.cwd())
 
@@ -353,7 +355,7 @@ def _apply_stdin(name: str, plan, config: Config, reporter: Reporter, *, dry_run
                 reporter.diff(result)
         else:
             reporter.write_bytes(result.migrated.encode(result.encoding))
-    from accelmigrate.report import finding_line
+    from accelmigrate.output.report import finding_line
 
     for finding in left:
         reporter.note(finding_line(name, finding, check=False, plan=plan))
@@ -428,8 +430,8 @@ def _check_summary(results, failing, plan, errors: int, show_notes: bool, shown=
 def list_codemods(output_format: str) -> None:
     """List the codemods (word, finding codes, summary) and the presets."""
     from accelmigrate.codemods import all_codemods
-    from accelmigrate.explain import all_entries, presets
-    from accelmigrate.report import rich_console
+    from accelmigrate.output.explain import all_entries, presets
+    from accelmigrate.output.report import rich_console
 
     reporter = Reporter()
     if output_format == "json":
@@ -457,7 +459,7 @@ def list_codemods(output_format: str) -> None:
 @format_option("text", "json")
 def explain(name: str, output_format: str) -> None:
     """Show one finding code's entry (AM101), or a codemod's page (workers, accumulate=4)."""
-    from accelmigrate.explain import code_entry, codemod_entry, entry_text, page, resolve_name
+    from accelmigrate.output.explain import code_entry, codemod_entry, entry_text, page, resolve_name
 
     cls, code = resolve_name(name)
     if cls is None and code is None:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 TRAIN_SCRIPT = '''\
 """A small conv net trained in float32 on one CUDA GPU; prints its throughput."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from accelmigrate.codemods import UnknownCodemod, all_codemods, resolve
-from accelmigrate.engine import MigrationError, migrate_source
+from accelmigrate.engine.migrate import MigrationError, migrate_source
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

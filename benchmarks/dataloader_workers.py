@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime.data import available_cores, default_num_workers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from accelmigrate.codemods import parse_words, resolve
-from accelmigrate.engine import migrate_source, plan_of
+from accelmigrate.engine.migrate import migrate_source, plan_of
 
 COMMON = '''
 def timed_training(model, batch, labels, criterion, optimizer, warmup, steps):

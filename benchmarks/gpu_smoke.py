@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "fixtures" / "scripts"
 CASES = ["cuda_only.py", "mlp_classifier.py", "amp_old_api.py", "fp16_clip.py", "char_lstm.py"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 from accelmigrate.codemods import DEFAULT_WORDS, parse_words, resolve
-from accelmigrate.engine import migrate_source, plan_of
+from accelmigrate.engine.migrate import migrate_source, plan_of
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = (ROOT / "fixtures" / "scripts", ROOT / "benchmarks" / "reach")

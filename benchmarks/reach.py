@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import Optional
 
 from accelmigrate.codemods import all_codemods, parse_words, resolve
-from accelmigrate.engine import NOTES as ENGINE_NOTES
-from accelmigrate.engine import plan_of, process_file
+from accelmigrate.engine.migrate import NOTES as ENGINE_NOTES
+from accelmigrate.engine.migrate import plan_of, process_file
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "reach"

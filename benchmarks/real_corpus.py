@@ -64,8 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from reach import MULTI_PROCESS, notes_of_every_codemod, parity_on_two, plan_for, top_codes  # noqa: E402
 
-from accelmigrate.engine import NOT_IN_NOTEBOOK, process_files  # noqa: E402
-from accelmigrate.notebook import is_notebook, parse_notebook  # noqa: E402
+from accelmigrate.engine.migrate import NOT_IN_NOTEBOOK, process_files  # noqa: E402
+from accelmigrate.files.notebook import is_notebook, parse_notebook  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "real_corpus.tsv"

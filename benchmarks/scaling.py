@@ -11,7 +11,7 @@ one line, as generated code or an embedded look-up table is):
 
   (a) ast.parse + the pre-check (`accelmigrate.codemods.script.precheck`),
   (b) libcst.parse_module + the script model (`ScriptModel.of`),
-  (c) the current `accelmigrate.engine.migrate_source` with every codemod, in
+  (c) the current `accelmigrate.engine.migrate.migrate_source` with every codemod, in
       check mode (what `accelmigrate check` runs),
   (d) what `accelmigrate apply --to empty-cache --diff` runs on the file:
       the codemod, then fitting the output to the file's style (black
@@ -213,7 +213,7 @@ def _stage(stage: str):
         import os
         import tempfile
 
-        from accelmigrate.engine import process_file
+        from accelmigrate.engine.migrate import process_file
 
         def run(source):
             with tempfile.TemporaryDirectory() as folder:
@@ -225,7 +225,7 @@ def _stage(stage: str):
 
     else:
         from accelmigrate.codemods import resolve
-        from accelmigrate.engine import migrate_source
+        from accelmigrate.engine.migrate import migrate_source
 
         plan = [(cls.word, options) for cls, options in resolve(_all_words())]
 

@@ -36,10 +36,10 @@ from typing import Callable, Optional
 
 import libcst
 
-from accelmigrate.cache import tool_version
 from accelmigrate.codemods import all_codemods, resolve
-from accelmigrate.engine import MigrationError, codemods_that_may_apply, plan_of, process_files
-from accelmigrate.sources import InputError, read_source
+from accelmigrate.engine.cache import tool_version
+from accelmigrate.engine.migrate import MigrationError, codemods_that_may_apply, plan_of, process_files
+from accelmigrate.files.sources import InputError, read_source
 
 # The codemods that need a value get a typical one, so that every codemod runs.
 VALUES = {"accumulate": {"value": "4"}, "batch-scale": {"value": "2"}}

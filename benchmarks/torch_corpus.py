@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fuzzing import all_words_plan, plan_name, problems_of, spread, word_plan  # noqa: E402
 
 from accelmigrate.codemods import all_codemods  # noqa: E402
-from accelmigrate.sources import InputError, read_source  # noqa: E402
+from accelmigrate.files.sources import InputError, read_source  # noqa: E402
 
 KINDS = ("crash", "unparsable", "not idempotent", "refused")
 

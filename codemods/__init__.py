@@ -215,7 +215,7 @@ def resolve_infos(
 
     def add(word: str, options: Mapping[str, str]) -> None:
         if word not in registry:
-            from accelmigrate.config import close_match
+            from accelmigrate.engine.config import close_match
 
             known = ", ".join(registry)
             raise UnknownCodemod(f"unknown codemod {word!r}{close_match(word, [*registry, *PRESETS])} (known: {known})")

@@ -69,7 +69,7 @@ def run_verify(*args: str, env: dict | None = None):
 
     from click.testing import CliRunner
 
-    from accelmigrate.verify import verify_command
+    from accelmigrate.launch.verify import verify_command
 
     runner = CliRunner()
     result = rerun_on_gloo_flake(

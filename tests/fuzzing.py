@@ -25,7 +25,7 @@ import libcst as cst
 from hypothesis import strategies as st
 
 from accelmigrate.codemods import all_codemods
-from accelmigrate.engine import MigrationError, Plan, migrate_source
+from accelmigrate.engine.migrate import MigrationError, Plan, migrate_source
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

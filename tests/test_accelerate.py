@@ -30,7 +30,7 @@ import pytest
 from conftest import ROOT, SCRIPTS, run_cli
 from launching import Launch, cpu_env, on_two
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 TOLERANCE = 1e-5
 TRAIN_SAMPLES = 256  # dp_parity.py's training set

@@ -27,7 +27,7 @@ from launching import (
     on_two,
 )
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 WORDS = ("accelerate", "fabric")
 NOTES = {"accelerate": {"AM810", "AM811", "AM816"}, "fabric": {"AM910", "AM911", "AM916"}}

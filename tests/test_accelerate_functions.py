@@ -34,7 +34,7 @@ from launching import (
     rank_weights,
 )
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 EXAMPLES = FIXTURES / "accelerate" / "train_fn_mnist_examples.py"
 LOADER_KWARGS = FIXTURES / "accelerate" / "train_fn_loader_kwargs.py"

@@ -32,8 +32,8 @@ from launching import (
     rank_weights,
 )
 
-from accelmigrate.engine import migrate_source
-from accelmigrate.lint import is_note
+from accelmigrate.engine.migrate import migrate_source
+from accelmigrate.output.lint import is_note
 
 # The modules the fixtures import their model classes from, as the project beside them would hold them.
 PLANE_NETS = '''import torch.nn as nn

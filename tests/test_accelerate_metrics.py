@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT
 from launching import cpu_env, launch_all, on_two
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 FIXTURES = ROOT / "fixtures" / "accelerate"
 SHARDED = ("eval_accuracy_in_main", "eval_flat_function", "eval_flat_dispatched")

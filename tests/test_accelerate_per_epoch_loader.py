@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from conftest import FIXTURES
 from test_ddp_param_groups import expected_pair_parity
 

@@ -35,8 +35,8 @@ from launching import (
     rank_weights,
 )
 
-from accelmigrate.engine import migrate_source
-from accelmigrate.lint import is_note
+from accelmigrate.engine.migrate import migrate_source
+from accelmigrate.output.lint import is_note
 
 REACH = FIXTURES / "accelerate"
 DEVICE_FLAG = REACH / "reach_device_flag.py"

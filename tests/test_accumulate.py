@@ -23,9 +23,9 @@ import torch
 from libcst.codemod import CodemodContext
 
 from accelmigrate.codemods import all_codemods
-from accelmigrate.codemods.accumulate import Accumulate
 from accelmigrate.codemods import UnknownCodemod
-from accelmigrate.engine import migrate_source
+from accelmigrate.codemods.accumulate import Accumulate
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime.batch import no_sync_unless
 
 from conftest import SCRIPTS, run_cli, run_launch, run_python

@@ -40,7 +40,7 @@ from launching import (
     rank_weights,
 )
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 STEPS = 4
 MICRO_BATCH, BIG_BATCH = 8, 32

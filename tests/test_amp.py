@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime.precision import PRECISION_VARIABLE, autocast_dtype, full_precision, grad_scaler, scaler_for
 
 from conftest import FIXTURES, SCRIPTS, run_python

@@ -11,7 +11,7 @@ times as many, quadratic work about 16 times.
 import pytest
 
 from accelmigrate.codemods.script.scopes import Index
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 HEADER = '''"""Several short training runs, one after another."""
 import torch

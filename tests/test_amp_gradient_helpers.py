@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine import migrate_source, process_files
+from accelmigrate.engine.migrate import migrate_source, process_files
 from conftest import run_python
 
 HELPERS = '''\

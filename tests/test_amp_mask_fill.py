@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from conftest import FIXTURES, run_python
 from test_amp import ONE_THREAD, PRECISION_VARIABLE, final_loss
 

@@ -2,7 +2,7 @@
 training loop is an optimizer only when it may be one."""
 import textwrap
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 HEAD = textwrap.dedent(
     """

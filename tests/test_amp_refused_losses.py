@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 STEP = """\
 import torch

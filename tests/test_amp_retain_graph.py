@@ -4,7 +4,7 @@ the migrated two-loss step trains as the original did."""
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, run_python
 from test_amp_trust import assert_trains_as_before, with_stubs

@@ -3,7 +3,7 @@ corpus's AM413/AM414 stops): an optimizer handed to a trainer's __init__
 and stepped in another method, and a script that names only the CPU."""
 import textwrap
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 TRAINER = textwrap.dedent(
     """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime.precision import PRECISION_VARIABLE
 
 from conftest import FIXTURES, run_cli, run_python

@@ -18,7 +18,7 @@ import torch
 from libcst.codemod import CodemodContext
 
 from accelmigrate.codemods.batch_scale import BatchScale
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime.batch import find_max_batch_size, is_out_of_memory
 
 from conftest import SCRIPTS, run_launch, run_python

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from accelmigrate import cache as cache_module
-from accelmigrate import engine
-from accelmigrate.cache import CACHE_DIR_VARIABLE, CACHE_FOLDER_NAME, ResultCache, source_digest, tool_source_files
 from accelmigrate.cli import main
 from accelmigrate.codemods import Finding
-from accelmigrate.engine import Migration, process_files
+from accelmigrate.engine import cache as cache_module
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.cache import CACHE_DIR_VARIABLE, CACHE_FOLDER_NAME, ResultCache, source_digest, tool_source_files
+from accelmigrate.engine.migrate import Migration, process_files
 
 LOOP = textwrap.dedent(
     """\
@@ -273,8 +273,8 @@ def test_the_project_s_own_gitignore_names_the_cache_folder():
 
 
 def test_a_cache_entry_round_trips(tmp_path: Path):
-    from accelmigrate.cache import Outcome
-    from accelmigrate.sources import SourceText
+    from accelmigrate.engine.cache import Outcome
+    from accelmigrate.files.sources import SourceText
 
     cache = ResultCache.open(tmp_path / "cache", {"plan": EMPTY_CACHE})
     finding = Finding(5, 5, "AM210", "removed", True, "empty-cache")

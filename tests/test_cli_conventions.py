@@ -184,7 +184,7 @@ def test_a_skip_mark_left_open_names_its_codes_and_silences_no_other(tmp_path):
 def test_a_notebook_cell_without_a_cell_type_is_an_error_naming_it(tmp_path):
     import json
 
-    from accelmigrate.engine import process_file
+    from accelmigrate.engine.migrate import process_file
 
     cells = [{"cell_type": "code", "metadata": {}, "outputs": [], "source": ["import torch"]}, {"metadata": {}, "source": ["x = 1"]}]
     path = tmp_path / "nb.ipynb"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from accelmigrate.config import load_config
+from accelmigrate.engine.config import load_config
 from conftest import run_cli
 
 SCRIPT = """\

@@ -45,9 +45,9 @@ import torch
 import torch.nn as nn
 
 from accelmigrate.codemods import UnknownCodemod
-from accelmigrate.codemods.script.uses import uses_of
 from accelmigrate.codemods.script.ddp_spelling import is_unbound, reads_import_of, spelling_at
-from accelmigrate.engine import migrate_source
+from accelmigrate.codemods.script.uses import uses_of
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime import distributed
 
 from conftest import ROOT, SCRIPTS, run_cli

@@ -118,7 +118,7 @@ def test_rank_share_shares_each_item_of_a_batch(rank_one_of_two):
 
 
 def _ddp(source: str):
-    from accelmigrate.engine import migrate_source
+    from accelmigrate.engine.migrate import migrate_source
 
     return migrate_source(textwrap.dedent(source), [("ddp", {})], "train.py")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from accelmigrate.codemods import parse_words, resolve
-from accelmigrate.engine import plan_of, process_file
+from accelmigrate.engine.migrate import plan_of, process_file
 
 from conftest import FIXTURES, run_launch
 from launching import ONE_PROCESS_TOLERANCE, RANK_TOLERANCE, RANK_WEIGHTS, cpu_env, largest_parameter_difference, rank_weights

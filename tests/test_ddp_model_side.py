@@ -29,7 +29,7 @@ import libcst as cst
 import pytest
 
 from accelmigrate.codemods.script.entities import plain_forward, touches_no_parameter
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, ROOT, run_cli
 from launching import ONE_PROCESS_TOLERANCE, RANK_WEIGHTS, Launch, assert_ranks_agree, cpu_env, largest_parameter_difference, rank_weights

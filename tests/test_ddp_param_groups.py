@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from accelmigrate.codemods import all_codemods
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime import distributed
 
 from conftest import SCRIPTS

@@ -161,7 +161,7 @@ def test_sibling_function_reads_the_bare_model_and_prints_the_original_accuracy(
 
 
 def test_alias_is_wrapped_where_the_forward_is_called():
-    from accelmigrate.engine import migrate_source
+    from accelmigrate.engine.migrate import migrate_source
 
     code = migrate_source((CASES / "wrap_alias_forward.py").read_text(), [("ddp", {})], "wrap_alias_forward.py").code
     assert "model = net\n    if is_distributed():\n        net = DistributedDataParallel(net," in code

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from accelmigrate.codemods.device import Device
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, ON_EMULATED_CUDA, SCRIPTS, run_cli, run_python
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import run_launch, run_python
 from test_device import _save_as_if_on_gpu

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime.device import device_ids_for
 
 from conftest import FIXTURES, ON_EMULATED_CUDA, run_cli, run_python

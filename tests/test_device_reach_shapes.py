@@ -11,7 +11,7 @@ runs on a CPU (the original fails there at the first `.cuda()`)."""
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, run_python
 

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, run_cli, run_python
 

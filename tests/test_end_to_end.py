@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from accelmigrate.codemods import DEFAULT_WORDS
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import SCRIPTS, run_python
 

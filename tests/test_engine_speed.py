@@ -22,10 +22,11 @@ import pytest
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from accelmigrate import engine
 from accelmigrate.codemods import _base as codemods_base
 from accelmigrate.codemods import Codemod, UnknownCodemod, all_codemods, resolve
-from accelmigrate.engine import MigrationError, add_imports, migrate_source
+from accelmigrate.engine import line_map
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.migrate import MigrationError, add_imports, migrate_source
 
 from conftest import FIXTURES
 from test_fixture_pairs import fixture_cases, plan_for
@@ -146,7 +147,7 @@ def _copies(case: str, count: int) -> tuple[list[str], list[str]]:
     """A fixture's original and migrated lines, each repeated `count` times."""
     before = (FIXTURES / case).read_text(encoding="utf-8")
     after = (FIXTURES / case.replace(".py", ".expected.py")).read_text(encoding="utf-8")
-    return engine._lines(before) * count, engine._lines(after) * count
+    return line_map.lines_of(before) * count, line_map.lines_of(after) * count
 
 
 @pytest.mark.parametrize("case", ["main-guard/env_before_import.py", "workers/basic.py", "device/alias_import_styles.py"])
@@ -154,19 +155,19 @@ def test_the_line_map_of_a_long_repetitive_file_is_difflib_s(case, monkeypatch):
     """Past DIFFLIB_COMPARISONS the lines are matched through anchors; on
     many copies of a migrated fixture that gives difflib's own map."""
     before, after = _copies(case, 40)
-    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 10**12)
-    exact = engine._line_map(before, after)
-    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 0)
-    assert engine._line_map(before, after) == exact
+    monkeypatch.setattr(line_map, "DIFFLIB_COMPARISONS", 10**12)
+    exact = line_map.line_map(before, after)
+    monkeypatch.setattr(line_map, "DIFFLIB_COMPARISONS", 0)
+    assert line_map.line_map(before, after) == exact
 
 
 def test_lines_that_occur_unequally_often_are_aligned_between_anchors(monkeypatch):
     before = ["import torch", "", "x = 1", "", "y = 2", "z = 3", ""]
     after = ["import torch", "import os", "", "", "x = 1", "", "y = 2", "", "z = 3"]
-    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 10**12)
-    exact = engine._line_opcodes(before, after)
-    monkeypatch.setattr(engine, "DIFFLIB_COMPARISONS", 0)
-    assert engine._line_opcodes(before, after) == exact
+    monkeypatch.setattr(line_map, "DIFFLIB_COMPARISONS", 10**12)
+    exact = line_map._line_opcodes(before, after)
+    monkeypatch.setattr(line_map, "DIFFLIB_COMPARISONS", 0)
+    assert line_map._line_opcodes(before, after) == exact
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import pytest
 from conftest import ROOT, SCRIPTS, run_cli
 from launching import ONE_PROCESS_TOLERANCE, cpu_env, launch_all, on_two
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 EPOCHS = 3
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 FLAT = textwrap.dedent(
     """\

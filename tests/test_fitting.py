@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine import process_file
-from accelmigrate.formatting import fit_changed_statements, project_line_length
-from accelmigrate.import_order import place_new_imports
+from accelmigrate.engine.formatting import fit_changed_statements, project_line_length
+from accelmigrate.engine.import_order import place_new_imports
+from accelmigrate.engine.migrate import process_file
 
 # Not black-formatted: single quotes, a hand-aligned call, two-argument lines.
 # Only its DataLoader line is longer than 88 characters.
@@ -93,7 +93,7 @@ def new_lines(before: str, after: str) -> list[str]:
 
 def test_without_fitting_the_migration_writes_the_long_lines_of_the_report():
     """The reproduction: what the codemods alone write for this script."""
-    from accelmigrate.engine import migrate_source
+    from accelmigrate.engine.migrate import migrate_source
 
     code = migrate_source(CLASSIFIER, DDP_AND_WORKERS, "train.py").code
     lengths = sorted(len(line) for line in code.splitlines())
@@ -294,7 +294,7 @@ def test_a_file_above_the_black_check_limit_is_fitted_without_black_over_it(monk
     """A generated table of a megabyte is not given to black whole (tens of
     seconds) to learn whether it is black-formatted: its changed statements
     are fitted instead."""
-    from accelmigrate import formatting
+    from accelmigrate.engine import formatting
 
     source = "x = [1, 2, 3]\n"
     assert formatting.is_black_formatted(source, {})

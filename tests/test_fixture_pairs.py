@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from accelmigrate.codemods import all_codemods
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES
 

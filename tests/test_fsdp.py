@@ -26,7 +26,7 @@ import torch.nn as nn
 from accelmigrate.runtime import sharding
 from conftest import SCRIPTS, run_cli, run_launch
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 SCRIPT = "fsdp_tiny_transformer.py"
 # Two processes on half batches against one on whole ones: float sums in

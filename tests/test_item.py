@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from accelmigrate.codemods.item import Item
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, run_python
 

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from conftest import FIXTURES
 from launching import Launch, cpu_env, on_two
 

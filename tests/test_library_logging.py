@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from launching import Launch, cpu_env, on_two
 
 LOGGED = """\\

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from accelmigrate.codemods import ORDER, all_codemods, find
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, SCRIPTS, run_python
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from accelmigrate.codemods._modernize import init_names, loss_arguments
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES, SCRIPTS, run_python
 

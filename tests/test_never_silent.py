@@ -15,7 +15,7 @@ import pytest
 
 from accelmigrate.codemods import parse_words, resolve
 from accelmigrate.codemods.script.precheck import facts_of
-from accelmigrate.engine import NOT_IN_NOTEBOOK, TRAINER_LOOP, TRAINING_ELSEWHERE, plan_of, process_file
+from accelmigrate.engine.migrate import NOT_IN_NOTEBOOK, TRAINER_LOOP, TRAINING_ELSEWHERE, plan_of, process_file
 from conftest import FIXTURES
 
 STEP_WORDS = ("amp", "ddp", "accelerate", "fabric", "accumulate=2", "fsdp")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from accelmigrate.engine import migrate_source
-from accelmigrate.notebook import PLACEHOLDER, NotebookError, _split_cells as split_cells, parse_notebook
+from accelmigrate.engine.migrate import migrate_source
+from accelmigrate.files.notebook import PLACEHOLDER, NotebookError, _split_cells as split_cells, parse_notebook
 
 
 def code(source, count=None, outputs=(), **metadata):
@@ -256,9 +256,9 @@ def test_what_is_not_a_notebook_is_refused(text, message):
 
 from pathlib import Path  # noqa: E402
 
-from accelmigrate.engine import NOT_IN_NOTEBOOK, process_file  # noqa: E402
-from accelmigrate.notebook import finding_position  # noqa: E402
-from accelmigrate.sources import iter_python_files  # noqa: E402
+from accelmigrate.engine.migrate import NOT_IN_NOTEBOOK, process_file  # noqa: E402
+from accelmigrate.files.notebook import finding_position  # noqa: E402
+from accelmigrate.files.sources import iter_python_files  # noqa: E402
 
 from conftest import run_cli  # noqa: E402
 

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from accelmigrate.project import optimizer_classes
+from accelmigrate.project.modules import optimizer_classes
 from conftest import FIXTURES, run_python
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 from test_cli import invoke

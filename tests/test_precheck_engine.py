@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
-from accelmigrate import engine
 from accelmigrate.codemods import all_codemods
 from accelmigrate.codemods.script import RULES, precheck, words_that_may_apply
-from accelmigrate.engine import MigrationError, migrate_source
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.migrate import MigrationError, migrate_source
 
 VALUES = {"accumulate": {"value": "4"}, "batch-scale": {"value": "2"}}
 # Every codemod that has a pre-check rule (one without is always kept).

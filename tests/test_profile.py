@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from accelmigrate.profiler import MIB, analyse, warmup_steps
+from accelmigrate.launch.profiler import MIB, analyse, warmup_steps
 
 from conftest import SCRIPTS, run_cli
 
@@ -93,7 +93,7 @@ def test_a_script_that_fails_makes_profile_fail(tmp_path):
 
 
 def test_the_tool_side_does_not_import_torch():
-    code = "import sys, accelmigrate.profiler, accelmigrate.runner, accelmigrate.slurm; print('torch' in sys.modules)"
+    code = "import sys, accelmigrate.launch.profiler, accelmigrate.launch.runner, accelmigrate.launch.slurm; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 

@@ -1,6 +1,6 @@
 """Projects, not files: `apply` and `check` on a script take in the modules
 of its project that it reaches through its imports and that use torch
-(accelmigrate/project.py), migrate each where its part of the training
+(accelmigrate/project/modules.py), migrate each where its part of the training
 lives, and write them all together or not at all.
 
 The fixture projects under fixtures/projects/ are ours, in the shapes real
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate import engine
 from accelmigrate.codemods import parse_words, resolve
-from accelmigrate.engine import TRAINING_ELSEWHERE, plan_of, process_files
-from accelmigrate.project import ProjectFiles
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.migrate import TRAINING_ELSEWHERE, plan_of, process_files
+from accelmigrate.project.modules import ProjectFiles
 from conftest import FIXTURES, ON_EMULATED_CUDA, run_python
 from test_cli import invoke
 

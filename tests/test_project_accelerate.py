@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelmigrate.engine import process_files
+from accelmigrate.engine.migrate import process_files
 from conftest import FIXTURES, run_python
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 from test_cli import invoke

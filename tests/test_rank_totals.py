@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime import distributed
 
 from conftest import FIXTURES

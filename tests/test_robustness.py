@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from accelmigrate import engine
 from accelmigrate.cli import main
 from accelmigrate.codemods import all_codemods
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.migrate import migrate_source
 
 LOOP = textwrap.dedent(
     """\

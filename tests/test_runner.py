@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate import slurm
-from accelmigrate.process_group import initialises_process_group
-from accelmigrate.runner import (
+from accelmigrate.launch import slurm
+from accelmigrate.launch.process_group import initialises_process_group
+from accelmigrate.launch.runner import (
     LOOPBACK_RENDEZVOUS,
     LaunchError,
     exit_code_of,
@@ -51,7 +51,7 @@ def test_one_node_meets_on_loopback_at_a_port_the_store_picks():
         "--max-restarts",
         "0",
         "--module",
-        "accelmigrate.runner",
+        "accelmigrate.launch.runner",
         "train.py",
         "--lr",
         "0.1",
@@ -115,7 +115,7 @@ def test_torchrun_itself_accepts_the_arguments():
         LOOPBACK_RENDEZVOUS,
         "127.0.0.1:0",
     )
-    assert args.module and args.training_script == "accelmigrate.runner"
+    assert args.module and args.training_script == "accelmigrate.launch.runner"
     assert args.training_script_args == ["train.py", "--epochs", "1"]
 
 
@@ -143,7 +143,7 @@ def test_a_rank_writes_its_traceback_where_torchrun_reads_it(tmp_path):
     error_file = tmp_path / "error.json"
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file), "RANK": "3"}
     done = subprocess.run(
-        [sys.executable, "-m", "accelmigrate.runner", str(script)],
+        [sys.executable, "-m", "accelmigrate.launch.runner", str(script)],
         capture_output=True,
         text=True,
         env=env,
@@ -174,7 +174,7 @@ def _rank_error_file(tmp_path, rank: int, body: str):
     script.write_text(body)
     error_file = tmp_path / f"error{rank}.json"
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file), "RANK": str(rank)}
-    done = subprocess.run([sys.executable, "-m", "accelmigrate.runner", str(script)], capture_output=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "accelmigrate.launch.runner", str(script)], capture_output=True, env=env)
     assert done.returncode == 1
     return ProcessFailure(local_rank=rank, pid=rank + 100, exitcode=1, error_file=str(error_file))
 
@@ -211,7 +211,7 @@ pathlib.Path(sys.argv[1]).joinpath(f"copy-{__import__('os').environ.get('RANK')}
 def test_what_each_distributed_word_writes_is_seen_to_join_a_group(tmp_path, word):
     """`run` launches every word's output without --force (Fabric's imports
     `lightning_fabric`, once read as no framework)."""
-    from accelmigrate.engine import migrate_source
+    from accelmigrate.engine.migrate import migrate_source
 
     script = tmp_path / "train.py"
     result = migrate_source((SCRIPTS / "ddp_plain_flat.py").read_text(), [(word, {})], "train.py")

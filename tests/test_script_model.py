@@ -17,8 +17,8 @@ from libcst.metadata import MetadataWrapper, QualifiedNameProvider, QualifiedNam
 from accelmigrate.codemods import all_codemods, resolve
 from accelmigrate.codemods._base import walk as _walk
 from accelmigrate.codemods.script import RULES, ScriptModel, precheck, words_that_may_apply
-from accelmigrate import engine
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import FIXTURES
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate import server_notebooks
+from accelmigrate.server import notebooks as server_notebooks
 from conftest import ROOT, SCRIPTS
 
 _spec = importlib.util.spec_from_file_location("server_latency", ROOT / "benchmarks" / "server_latency.py")

@@ -95,7 +95,7 @@ def test_skip_this_line_writes_the_mark_and_silences_the_code(editor, tmp_path):
 def test_the_skip_mark_edit(line, edited):
     from pygls.workspace import PositionCodec
 
-    from accelmigrate.server_edits import skip_mark_edit
+    from accelmigrate.server.edits import skip_mark_edit
 
     text = line + "y = 2\n"
     edit = skip_mark_edit(text, 0, "AM201", PositionCodec())

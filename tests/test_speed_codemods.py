@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from accelmigrate.codemods import ORDER, PRESETS, UnknownCodemod, find, parse_words, resolve
-from accelmigrate.engine import migrate_source
-from accelmigrate.explain import page
+from accelmigrate.engine.migrate import migrate_source
+from accelmigrate.output.explain import page
 from accelmigrate.runtime import speed
 
 from conftest import SCRIPTS, run_cli, run_python

@@ -13,7 +13,7 @@ from accelmigrate.codemods import _manifest, _options, all_codemods
 
 from conftest import ROOT
 
-HEAVY = ("libcst", "black", "rich", "torch", "accelmigrate.runner", "accelmigrate.profiler", "accelmigrate.verify")
+HEAVY = ("libcst", "black", "rich", "torch", "accelmigrate.launch.runner", "accelmigrate.launch.profiler", "accelmigrate.launch.verify")
 REGENERATE = "python -m accelmigrate.codemods._manifest"
 CLEAN = 'import os\n\n\ndef joined(folder):\n    return os.path.join(folder, "a")\n'
 
@@ -51,7 +51,7 @@ SAMPLE_OPTIONS = [
 @pytest.mark.parametrize("word", sorted(all_codemods()))
 def test_option_checks_answer_as_the_class_does(word):
     """The registry checks options without the classes: the same errors, the same keys read."""
-    from accelmigrate.config import _ReadKeys
+    from accelmigrate.engine.config import _ReadKeys
 
     cls = all_codemods()[word]
     for options in SAMPLE_OPTIONS:
@@ -99,7 +99,7 @@ def test_help_lists_the_lazy_commands(tmp_path):
 def test_a_lazy_command_is_imported_when_its_help_is_asked(tmp_path):
     done, heavy = modules_after("verify", "--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "accelmigrate.verify" in heavy and "torch" not in heavy
+    assert "accelmigrate.launch.verify" in heavy and "torch" not in heavy
 
 
 def test_training_script_check_still_finds_what_it_did(tmp_path):

@@ -26,7 +26,7 @@ import torch
 
 from accelmigrate.codemods.script import ScriptModel
 from accelmigrate.codemods.script.reduction import MEAN, SUM, UNCLEAR, backward_reduction
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 from conftest import run_cli, run_python
 

@@ -3,7 +3,7 @@
 import pytest
 
 from accelmigrate.codemods._base import ALL_CODES
-from accelmigrate.engine import suppressions_in
+from accelmigrate.engine.migrate import suppressions_in
 
 
 @pytest.mark.parametrize(

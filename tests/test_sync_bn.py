@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 
 MODELS = textwrap.dedent(
     """\

@@ -8,8 +8,8 @@ import json
 import textwrap
 from pathlib import Path
 
-from accelmigrate.engine import TRAINER_LOOP, TRAINING_ELSEWHERE, process_file, plan_of
 from accelmigrate.codemods import parse_words, resolve
+from accelmigrate.engine.migrate import TRAINER_LOOP, TRAINING_ELSEWHERE, process_file, plan_of
 
 SOLVER = """\
 import torch
@@ -178,7 +178,7 @@ def test_torch_read_from_a_star_import_is_not_imported_again():
     from libcst.codemod import CodemodContext
     from libcst.codemod.visitors import AddImportsVisitor
 
-    from accelmigrate.engine import add_imports, keep_star_imported_torch
+    from accelmigrate.engine.migrate import add_imports, keep_star_imported_torch
 
     def with_torch_wanted(before: str, after: str) -> str:
         """`after` (a codemod's output) with the imports it asked for, `before` the file it read."""

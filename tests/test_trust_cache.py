@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate import engine
-from accelmigrate.cache import CACHE_DIR_VARIABLE, CACHE_FOLDER_NAME, ResultCache, secret_path, user_secret
+from accelmigrate.engine import migrate as engine
+from accelmigrate.engine.cache import CACHE_DIR_VARIABLE, CACHE_FOLDER_NAME, ResultCache, secret_path, user_secret
 from test_cache import LOOP, MIGRATED, invoke
 
 PLANTED = "import os\nos.system('echo planted')\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine import MAX_SOURCE_BYTES, process_file
+from accelmigrate.engine.migrate import MAX_SOURCE_BYTES, process_file
 
 LOOP = textwrap.dedent(
     """\
@@ -32,7 +32,7 @@ PAUSED_CLI = textwrap.dedent(
     """\
     import os, sys, time
     from pathlib import Path
-    from accelmigrate import engine
+    from accelmigrate.engine import migrate as engine
     from accelmigrate.cli import main
 
     real = engine.write_atomically

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from accelmigrate import verify as verify_module
-from accelmigrate.sources import SourceText
-from accelmigrate.verify import verify_command
+from accelmigrate.files.sources import SourceText
+from accelmigrate.launch import verify as verify_module
+from accelmigrate.launch.verify import verify_command
 
 from conftest import SCRIPTS, run_verify
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from conftest import SCRIPTS
 from test_verify_trust import project_with, run_verify
 

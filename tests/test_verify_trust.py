@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from accelmigrate.verify import EXIT_ERROR, EXIT_INTERRUPTED, verify_command
+from accelmigrate.launch.verify import EXIT_ERROR, EXIT_INTERRUPTED, verify_command
 
 from conftest import SCRIPTS
 

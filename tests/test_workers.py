@@ -22,7 +22,7 @@ from libcst.metadata import MetadataWrapper
 
 from accelmigrate.codemods import UnknownCodemod, find
 from accelmigrate.codemods.workers import Workers
-from accelmigrate.engine import migrate_source
+from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime import data
 
 from conftest import SCRIPTS, run_cli, run_python
@@ -290,7 +290,7 @@ def test_user_pin_memory_and_torch_alias():
 
 def test_the_codemod_does_not_import_torch():
     code = (
-        "import sys; from accelmigrate.engine import migrate_source; "
+        "import sys; from accelmigrate.engine.migrate import migrate_source; "
         "migrate_source(open(sys.argv[1]).read(), [('workers', {})]); print('torch' in sys.modules)"
     )
     done = subprocess.run(

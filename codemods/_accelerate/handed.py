@@ -2,7 +2,7 @@
 builds: `train.py` makes the model, its optimizer and the training
 DataLoader and calls `engine.train_fn(train_loader, model, optimizer,
 device)`, whose loop calls `backward()` (the project fact `training_loops`,
-accelmigrate/training_loops.py).
+accelmigrate/project/training_loops.py).
 
 A careful engineer moving that project onto Accelerate prepares the three
 where they are made, passes the Accelerator to the loop, and routes the
@@ -11,7 +11,7 @@ Here the call stands for the training step it runs (`HandedStep`, read as
 the planner reads a `TrainingStep` written in this file): what it is handed
 is prepared, and the call gets `accelerator=accelerator`. The module's side
 is received.py; the engine writes the two files together, and neither when
-either is refused (accelmigrate/engine.py).
+either is refused (accelmigrate/engine/migrate.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ fact `received_loops`), the model parameter is the wrapped model (its
 loader (`set_loader_epoch` in an epoch loop there), and the output rank 0's.
 
 The engine writes the two files together, and migrates both again without
-these facts when ddp refuses either of them (accelmigrate/engine.py): a
+these facts when ddp refuses either of them (accelmigrate/engine/migrate.py): a
 model wrapped in one file for a loop the other could not make distributed
 would print and save on every rank.
 """

@@ -1,5 +1,5 @@
 """What the other files of a project tell about one file: facts the one-file
-script model cannot see, worked out by the engine (accelmigrate/project.py)
+script model cannot see, worked out by the engine (accelmigrate/project/modules.py)
 and read by the codemods through `ScriptModel.project`.
 
 - `gradient_functions`: the functions of the project's modules, named as

@@ -52,7 +52,7 @@ from typing import Mapping, Optional, Sequence
 
 from accelmigrate import __version__
 from accelmigrate.codemods import Finding
-from accelmigrate.sources import SourceText
+from accelmigrate.files.sources import SourceText
 
 CACHE_FOLDER_NAME = ".accelmigrate_cache"
 CACHE_DIR_VARIABLE = "ACCELMIGRATE_CACHE_DIR"

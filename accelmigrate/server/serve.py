@@ -73,7 +73,7 @@ def server_command() -> None:
     """Run the language server: speaks LSP over stdio, for an editor to start
     (the findings of `check` as diagnostics, the fixes of `apply` as code actions)."""
     try:
-        from accelmigrate.server_lsp import server
+        from accelmigrate.server.lsp import server
     except ModuleNotFoundError as error:
         if (error.name or "").partition(".")[0] not in ("pygls", "lsprotocol", "cattrs", "attrs"):
             raise

@@ -1,5 +1,5 @@
 """The training loops a script hands its model and its loader to, across the
-modules of a project, read with `ast` (accelmigrate/project.py reads the
+modules of a project, read with `ast` (accelmigrate/project/modules.py reads the
 modules): `train.py` builds the model, its optimizer and the training
 DataLoader and calls `engine.train_one_epoch(model, train_loader, optimizer,
 device)`, whose loop iterates the loader and calls the model before each

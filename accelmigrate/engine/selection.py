@@ -11,8 +11,8 @@ from typing import Optional, Sequence
 import click
 
 from accelmigrate.codemods import UnknownCodemod, check_exclusions, parse_words, resolve_infos
-from accelmigrate.config import Config, ConfigError, close_match, common_start, load_config, read_config
-from accelmigrate.engine import known_codes, plan_of
+from accelmigrate.engine.config import Config, ConfigError, close_match, common_start, load_config, read_config
+from accelmigrate.engine.migrate import known_codes, plan_of
 
 EXIT_ERROR = 2
 

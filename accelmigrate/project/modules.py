@@ -21,12 +21,12 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES, LOG_LEVELS, OPTIMIZER_BASES, makes_optimizer
 from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
-from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
-from accelmigrate.sources import excluded
-from accelmigrate.training_loops import (
+from accelmigrate.codemods.script.vocabulary import DEVICE_PARAMETER_NAMES, LOG_LEVELS, OPTIMIZER_BASES, makes_optimizer
+from accelmigrate.files.notebook import NotebookError, is_notebook, parse_notebook
+from accelmigrate.files.sources import excluded
+from accelmigrate.project.training_loops import (
     evaluating_functions, file_writers, handed_loader_classes, handed_loops as handed_loops_in, iterated_by_own_loops,
     loader_classes, loader_source, loop_functions, loop_precision, returned_loader,
 )
@@ -133,7 +133,7 @@ def _writers_in(path: Path, libraries: set, read: dict, trees: Optional[dict]) -
 
 def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> dict[str, dict[str, frozenset]]:
     """For each file of the run (resolved path), the facts that pair it with
-    another (accelmigrate/training_loops.py reads them): the loop functions
+    another (accelmigrate/project/training_loops.py reads them): the loop functions
     of the modules it imports that it hands its trained model and a loader
     (`training_loops`), its own functions a file of the run hands them to
     (`received_loops`), the functions of the project whose DataLoader it

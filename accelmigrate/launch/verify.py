@@ -43,11 +43,11 @@ from typing import Any, Optional, Sequence
 import click
 
 from accelmigrate.codemods import DEFAULT_WORDS
-from accelmigrate.engine import process_files
-from accelmigrate.selection import config_for, plan_for
-from accelmigrate.sources import InputError, SourceText, read_source
-from accelmigrate.torch_check import require_torch
-from accelmigrate.verify_runs import RECORDER, RunFailed, Stopped, Workspace, stop_on_signals
+from accelmigrate.engine.migrate import process_files
+from accelmigrate.engine.selection import config_for, plan_for
+from accelmigrate.files.sources import InputError, SourceText, read_source
+from accelmigrate.launch.torch_check import require_torch
+from accelmigrate.launch.verify_runs import RECORDER, RunFailed, Stopped, Workspace, stop_on_signals
 
 # 2: could not verify (a run or the migration failed, or nothing was
 # compared); 130: interrupted (Ctrl-C); 128 + N: stopped by signal N.
@@ -433,13 +433,13 @@ def verify_command(script, script_args, words, steps, processes, rtol, output_fo
 
 def _launch(processes: int, script: str, script_args: Sequence[str]) -> int:
     """The migrated copy on PROCESSES ranks, each under the recorder."""
-    from accelmigrate.runner import launch, torchrun_args
+    from accelmigrate.launch.runner import launch, torchrun_args
 
     return launch(torchrun_args(script, script_args, nproc_per_node=processes, entry_module=RECORDER))
 
 
 if __name__ == "__main__":
-    # python -m accelmigrate.verify --launch N SCRIPT ARGS (started by `verify` for ddp)
+    # python -m accelmigrate.launch.verify --launch N SCRIPT ARGS (started by `verify` for ddp)
     if len(sys.argv) < 4 or sys.argv[1] != "--launch":
-        sys.exit("usage: python -m accelmigrate.verify --launch N SCRIPT [ARGS...] (started by `accelmigrate verify`)")
+        sys.exit("usage: python -m accelmigrate.launch.verify --launch N SCRIPT [ARGS...] (started by `accelmigrate verify`)")
     sys.exit(_launch(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))

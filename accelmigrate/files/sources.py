@@ -34,7 +34,7 @@ import tokenize
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
-from accelmigrate.git_ignores import GitIgnores
+from accelmigrate.files.git_ignores import GitIgnores
 
 # Folders that never hold the user's own training code.
 SKIPPED_FOLDERS = frozenset(
@@ -107,7 +107,7 @@ def iter_python_files(
     goes on; without `on_error`, it is an InputError. A link found in a folder
     that leads outside it is not followed (as black does): rewriting it would
     change a file of another project; `on_skip(message)` is told. What git
-    ignores is not walked (accelmigrate/git_ignores.py) unless
+    ignores is not walked (accelmigrate/files/git_ignores.py) unless
     `respect_gitignore` is False."""
     for raw in paths:
         path = Path(raw)

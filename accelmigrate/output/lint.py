@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Optional, Sequence
 
 from accelmigrate.codemods import Finding, infos
-from accelmigrate.engine import CODEMOD_FAILED, ENGINE_CODES, NOTES as ENGINE_NOTES, FileResult
+from accelmigrate.engine.migrate import CODEMOD_FAILED, ENGINE_CODES, NOTES as ENGINE_NOTES, FileResult
 
 ERROR, WARNING, NOTE = "error", "warning", "note"
 

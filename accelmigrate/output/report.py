@@ -13,10 +13,10 @@ import os
 import sys
 from typing import Iterable, Mapping, Optional, Sequence
 
-from accelmigrate import lint
 from accelmigrate.codemods import Finding
-from accelmigrate.engine import FileResult, Plan
-from accelmigrate.notebook import finding_position
+from accelmigrate.engine.migrate import FileResult, Plan
+from accelmigrate.files.notebook import finding_position
+from accelmigrate.output import lint
 
 
 def lines_with_ends(text: str) -> list[str]:
@@ -216,6 +216,6 @@ class Reporter:
         self.write("".join(line + "\n" for line in lines))
 
     def sarif(self, results: Sequence[FileResult], shown: Mapping[str, Sequence[Finding]], plan: Plan) -> None:
-        from accelmigrate.sarif import sarif_log
+        from accelmigrate.output.sarif import sarif_log
 
         self.json(sarif_log(results, shown, plan))

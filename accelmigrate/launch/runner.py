@@ -20,7 +20,7 @@ listens on the address of the host's name, NCCL on the first network
 interface).
 
 Each process runs the script through this module's `__main__` block
-(`torchrun --module accelmigrate.runner SCRIPT ARGS`), which behaves like
+(`torchrun --module accelmigrate.launch.runner SCRIPT ARGS`), which behaves like
 `python SCRIPT ARGS` and, when the script raises, writes torchrun's error file
 (`TORCHELASTIC_ERROR_FILE`): the launcher then knows which rank failed, with
 which exit code and traceback, and prints it at the end, after the processes'
@@ -57,11 +57,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import click
 
-from . import slurm
-from .process_group import initialises_process_group, module_entry_file, pythonpath_folders
-from .torch_check import require_torch
+from accelmigrate.launch import slurm
+from accelmigrate.launch.process_group import initialises_process_group, module_entry_file, pythonpath_folders
+from accelmigrate.launch.torch_check import require_torch
 
-RANK_ENTRY = "accelmigrate.runner"
+RANK_ENTRY = "accelmigrate.launch.runner"
 MODULE_FLAG = "-m"  # what a rank is given in place of SCRIPT for `run -m MODULE`
 LOOPBACK = "127.0.0.1"
 LOCAL_ENDPOINT = f"{LOOPBACK}:0"  # the port is picked when the store binds
@@ -629,7 +629,7 @@ def _write_sbatch(path: str, text: str) -> None:
 
 
 if __name__ == "__main__":
-    # torchrun --module accelmigrate.runner SCRIPT ARGS: one rank of a launch.
+    # torchrun --module accelmigrate.launch.runner SCRIPT ARGS: one rank of a launch.
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m accelmigrate.runner SCRIPT [ARGS...] (started by `accelmigrate run`)")
+        sys.exit("usage: python -m accelmigrate.launch.runner SCRIPT [ARGS...] (started by `accelmigrate run`)")
     run_rank(sys.argv[1], sys.argv[2:])

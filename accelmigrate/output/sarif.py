@@ -9,10 +9,12 @@ import urllib.parse
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from accelmigrate import __version__, lint
+from accelmigrate import __version__
+
 from accelmigrate.codemods import Finding, all_codemods
-from accelmigrate.engine import CODEMOD_FAILED, ENGINE_CODES, FileResult
-from accelmigrate.explain import code_entry, entry_text
+from accelmigrate.engine.migrate import CODEMOD_FAILED, ENGINE_CODES, FileResult
+from accelmigrate.output import lint
+from accelmigrate.output.explain import code_entry, entry_text
 
 SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SOURCE_ROOT = "%SRCROOT%"

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import click
 
-from .torch_check import require_torch
+from accelmigrate.launch.torch_check import require_torch
 
 MIB = 1024 * 1024
 

@@ -13,7 +13,7 @@ from typing import Optional
 from lsprotocol import types
 from pygls.workspace import PositionCodec
 
-from accelmigrate.server_diagnostics import Positions, lines_of
+from accelmigrate.server.diagnostics import Positions, lines_of
 
 # `# accelmigrate: skip[AM101, AM201]` at the end of a line, to add a code to.
 _MARK = re.compile(r"#\s*accelmigrate:\s*skip\[(?P<codes>[^\]]*)\]")

@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
+from accelmigrate.files.sources import SourceText, write_atomically
 from accelmigrate.runtime.side_folders import mirror
-from accelmigrate.sources import SourceText, write_atomically
 
 RECORDER = "accelmigrate.runtime.verifying"
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -128,7 +128,7 @@ class Workspace:
             "ACCELMIGRATE_VERIFY_MIRROR": os.pathsep.join([str(self.root.parent), side_parent]),
         }
         if processes > 1:
-            command = [sys.executable, "-m", "accelmigrate.verify", "--launch", str(processes), script, *script_args]
+            command = [sys.executable, "-m", "accelmigrate.launch.verify", "--launch", str(processes), script, *script_args]
         else:
             command = [sys.executable, "-m", RECORDER, script, *script_args]
         cwd = os.path.join(copy_root, os.path.relpath(self.cwd, self.root))

@@ -23,7 +23,7 @@ from typing import Optional
 
 from accelmigrate.codemods._finding import Finding
 from accelmigrate.codemods.script.precheck import SourceFacts, facts_of
-from accelmigrate.project import imports, reached_modules
+from accelmigrate.project.modules import imports, reached_modules
 
 TRAINING_ELSEWHERE = "AM005"  # engine codes: engine.ENGINE_CODES has their titles, explain.py their advice
 TRAINER_LOOP = "AM006"

@@ -16,10 +16,10 @@ import dataclasses
 import re
 from typing import Optional
 
-from accelmigrate import lint
 from accelmigrate.codemods import DEFAULT_WORDS, Finding
-from accelmigrate.engine import FileResult, known_codes, process_text
-from accelmigrate.selection import UsageError, config_for, plan_for, with_codes
+from accelmigrate.engine.migrate import FileResult, known_codes, process_text
+from accelmigrate.engine.selection import UsageError, config_for, plan_for, with_codes
+from accelmigrate.output import lint
 
 # `path:LINE:`, `path:LINE:COL:` or a notebook's `path:cell N:LINE:` at the start of an error.
 _ERROR_PLACE = re.compile(r":(?:cell (?P<cell>\d+):)?(?P<line>\d+):(?:(?P<column>\d+):)?")

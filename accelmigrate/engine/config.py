@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Collection, Mapping, Optional, Sequence
 
-from accelmigrate.formatting import project_line_length
+from accelmigrate.engine.formatting import project_line_length
 
 try:
     import tomllib
@@ -49,7 +49,7 @@ class Config:
     select: Optional[list[str]] = None  # code prefixes to report (None: every code)
     ignore: list[str] = dataclasses.field(default_factory=list)  # code prefixes never reported
     per_file_ignores: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # glob -> code prefixes
-    respect_gitignore: bool = True  # a folder's walk leaves out what git ignores (accelmigrate/git_ignores.py)
+    respect_gitignore: bool = True  # a folder's walk leaves out what git ignores (accelmigrate/files/git_ignores.py)
 
     def codes(self) -> "CodeSelection":
         """The select/ignore settings, in a plain form worker processes can take."""

@@ -12,10 +12,10 @@ from typing import Optional
 from lsprotocol import types
 from pygls.workspace import PositionCodec
 
-from accelmigrate import lint
-from accelmigrate.explain import code_entry, entry_text
-from accelmigrate.notebook import NotebookError, is_notebook, parse_notebook
-from accelmigrate.server_documents import Checked
+from accelmigrate.files.notebook import NotebookError, is_notebook, parse_notebook
+from accelmigrate.output import lint
+from accelmigrate.output.explain import code_entry, entry_text
+from accelmigrate.server.documents import Checked
 
 SOURCE = "accelmigrate"
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")  # LSP's line ends, no others (not str.splitlines)
@@ -128,7 +128,7 @@ def _place(checked: Checked, finding, positions: Positions) -> types.Range:
 def explanation(code: str, word: Optional[str]) -> str:
     """The `explain` entry of CODE, as `accelmigrate explain CODE` prints it."""
     from accelmigrate.codemods import all_codemods
-    from accelmigrate.engine import CODEMOD_FAILED, ENGINE_CODES
+    from accelmigrate.engine.migrate import CODEMOD_FAILED, ENGINE_CODES
 
     if code == CODEMOD_FAILED:
         return entry_text(code_entry(None, code))

@@ -1,5 +1,5 @@
 """The language server's features (pygls): the handlers `accelmigrate server`
-runs. What the server does, for whom and why, is in `accelmigrate/server.py`.
+runs. What the server does, for whom and why, is in `accelmigrate/server/serve.py`.
 
 Checks run off the request path, one at a time, on a thread of their own:
 a change is checked once the document has been quiet for DEBOUNCE_SECONDS
@@ -22,10 +22,10 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from accelmigrate import __version__
-from accelmigrate.server_diagnostics import SOURCE, cell_diagnostics, explanation, file_diagnostics
-from accelmigrate.server_documents import Checked, Documents, Overrides
-from accelmigrate.server_edits import minimal_edits, skip_mark_edit, workspace_edit
-from accelmigrate.server_notebooks import cell_texts, notebook_json
+from accelmigrate.server.diagnostics import SOURCE, cell_diagnostics, explanation, file_diagnostics
+from accelmigrate.server.documents import Checked, Documents, Overrides
+from accelmigrate.server.edits import minimal_edits, skip_mark_edit, workspace_edit
+from accelmigrate.server.notebooks import cell_texts, notebook_json
 
 FIX_ALL = "source.fixAll.accelmigrate"
 FIX_ALL_TITLE = "accelmigrate: fix all (apply the configured codemods)"

@@ -9,7 +9,7 @@ import textwrap
 from typing import Optional
 
 from accelmigrate.codemods import DEFAULT_WORDS, all_codemods, find, parse_words
-from accelmigrate.engine import (
+from accelmigrate.engine.migrate import (
     CODEMOD_FAILED, ENGINE_CODES, NOT_IN_NOTEBOOK, TRAINER_LOOP, TRAINING_ELSEWHERE, UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK,
     UNPARSED_CELL, UNUSED_MARK,
 )
