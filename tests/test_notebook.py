@@ -7,7 +7,7 @@ import json
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from accelmigrate.files.notebook import PLACEHOLDER, NotebookError, _split_cells as split_cells, parse_notebook
+from accelmigrate.files.notebook import CELL_MARKER, PLACEHOLDER, NotebookError, _split_cells as split_cells, parse_notebook
 
 
 def code(source, count=None, outputs=(), **metadata):
@@ -122,7 +122,7 @@ def test_the_source_holds_the_code_cells_with_ipython_lines_inert():
     setup = parsed.cells[0]
     assert setup.ipython_lines == ("%matplotlib inline\n", "%load_ext autoreload\n", "!pip install --quiet tqdm\n")
     assert parsed.source.splitlines()[1:4] == [PLACEHOLDER] * 3
-    assert parsed.cells[3].ipython_lines == ("%%time\n", "train(1)\n")  # a cell magic's whole cell
+    assert parsed.cells[3].ipython_lines == ("%%time\n",)  # `%%time` runs its cell as the notebook's Python
     # line counts are kept: each cell's lines sit after its marker, one for one
     source_lines = parsed.source.splitlines()
     for cell in parsed.cells:
@@ -219,7 +219,8 @@ def test_a_finding_is_placed_in_its_cell():
     loader_line = next(n for n, line in enumerate(parsed.source.splitlines(), 1) if "DataLoader(Squares()" in line)
     assert parsed.cell_position(loader_line) == (3, 4)
     findings = migrate_source(parsed.source, [("workers", {})], check_only=True).findings
-    assert [parsed.cell_position(finding.line) for finding in findings] == [(3, 4)]
+    # the DataLoader's, and the `train(1)` under `%%time` (module-level code going through a DataLoader)
+    assert [(parsed.cell_position(f.line), f.code) for f in findings] == [((3, 4), "AM101"), ((4, 2), "AM123")]
     assert parsed.cell_position(1) == (1, 1)  # the first marker: the first line of its cell
 
 
@@ -462,6 +463,28 @@ def test_a_notebook_with_a_cell_that_does_not_parse_alone_fails_the_check_at_tha
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert f"{tmp_path / 'split.ipynb'}:cell 1:1:1: AM007 this cell does not parse" in checked.stdout
     assert "train.py:4:5: AM210" in checked.stdout
+
+
+def test_a_timed_cell_is_the_notebooks_own_python_under_its_magic_and_another_magics_cell_its_input():
+    parsed = parse_notebook(json.dumps(notebook(
+        code(["%%time\n", "loss = train(1)\n", "!nvidia-smi\n"]), code(["%%capture log\n", "train(2)\n"]), code(["%%bash\n", "echo done\n"]),
+    )))
+    assert [cell.ipython_lines for cell in parsed.cells] == [("%%time\n", "!nvidia-smi\n"), ("%%capture log\n",), ("%%bash\n", "echo done\n")]
+    assert "loss = train(1)\n" in parsed.source and "train(2)\n" in parsed.source and "echo" not in parsed.source
+    # a line a migration puts at the top of the cell goes under the magic, which must stay its first line
+    marker = CELL_MARKER.format(index=0) + "\n"
+    migrated = parsed.source.replace(marker, marker + "started = True\n")
+    assert split_cells(migrated, parsed.cells)[0] == "%%time\nstarted = True\nloss = train(1)\n!nvidia-smi\n"
+
+
+def test_a_training_loop_under_time_is_migrated_with_the_magic_kept_first(tmp_path: Path):
+    original = loop_notebook()
+    original["cells"][3]["source"] = ["%%time\n", *original["cells"][3]["source"]]
+    path = saved(tmp_path, original)
+    result = process_file(str(path), DEFAULT_PLAN, write=True)
+    assert result.error is None and result.written
+    loop = "".join(json.loads(path.read_text(encoding="utf-8"))["cells"][3]["source"])
+    assert loop.startswith("%%time\nmodel = ") and "running += loss.item()" in loop and "empty_cache" not in loop
 
 
 def test_ipython_lines_still_parse_in_a_cell_of_their_own():

@@ -11,10 +11,12 @@ migrated source splits back into its cells; what a codemod inserts before
 the first marker (new imports at the top) belongs to the first code cell.
 IPython's own syntax is no Python: a line magic (`%matplotlib inline`), a
 shell line (`!pip install ...`, `files = !ls`), help (`obj?`) and a whole
-cell under a cell magic (`%%time`, `%%bash`) become an inert placeholder
+cell under a cell magic (`%%bash`) become an inert placeholder
 line (`...`) with the same indentation, so every line keeps its number and
 no codemod touches them; going back, each placeholder becomes its original
-line again.
+line again. Under `%%time`, `%%capture` and `%%prun` the cell is the
+notebook's own Python (often its training loop): only the magic's line is
+a placeholder, and it stays the cell's first line.
 
 Only the `source` of the cells that changed is rewritten, in the JSON text
 itself: outputs, metadata, nbformat, the order of keys, the indentation and
@@ -42,6 +44,9 @@ PLACEHOLDER = "...  # IPython syntax, kept as written"
 _IPYTHON_STARTS = ("!", "%", "?", "/", ";", ",")
 # `name = !command`, `a, b = %magic ...`: IPython assigns a magic's output.
 _ASSIGNED_IPYTHON = re.compile(r"\s*[A-Za-z_][\w.]*(\s*,\s*[A-Za-z_][\w.]*)*\s*=\s*[!%]")
+# Cell magics that run the rest of the cell as the notebook's own Python, in its namespace (a training loop under
+# `%%time` trains the notebook's model): only their first line is IPython's. Any other cell magic's cell is its input.
+PYTHON_CELL_MAGICS = frozenset({"time", "capture", "prun"})
 _JSON = json.JSONDecoder()
 _JSON_SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -200,8 +205,21 @@ def _is_python(metadata) -> bool:
 def _as_python(cell_text: str) -> tuple[str, list[str]]:
     """The cell with each IPython line replaced by a placeholder; the lines replaced."""
     lines = cell_text.splitlines(keepends=True)
-    if lines and lines[0].startswith("%%"):  # a cell magic: the whole cell is the magic's input
-        return "".join(PLACEHOLDER + _newline_of(line) for line in lines), lines
+    if lines and lines[0].startswith("%%"):  # a cell magic
+        magic = PLACEHOLDER + _newline_of(lines[0])
+        if _cell_magic(lines[0]) not in PYTHON_CELL_MAGICS:  # the whole cell is the magic's input
+            return "".join(PLACEHOLDER + _newline_of(line) for line in lines), lines
+        python, replaced = _line_magics_replaced(lines[1:])
+        return magic + python, [lines[0], *replaced]
+    return _line_magics_replaced(lines)
+
+
+def _cell_magic(first_line: str) -> str:
+    """`time` for `%%time`, `capture` for `%%capture output --no-stderr`."""
+    return first_line[2:].split(maxsplit=1)[0] if first_line[2:].strip() else ""
+
+
+def _line_magics_replaced(lines: list[str]) -> tuple[str, list[str]]:
     kept, replaced = [], []
     for line in lines:
         if _looks_like_ipython(line) and _at_statement_start("".join(kept)):
@@ -287,6 +305,9 @@ def _restore_ipython(text: str, cell: CodeCell) -> str:
         )
     for number, original in zip(placeholders, cell.ipython_lines):
         lines[number] = original
+    if cell.text.startswith("%%") and placeholders and placeholders[0] > 0:
+        # Code the migration put at the top of a `%%time` cell goes under the magic, which must open the cell.
+        lines.insert(0, lines.pop(placeholders[0]))
     restored = "".join(lines)
     if cell.newline_added and restored.endswith("\n"):
         restored = restored[:-1]
