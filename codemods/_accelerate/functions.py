@@ -458,9 +458,15 @@ def _reads_of(planner, name: str, attribute: str, target: cst.Name) -> list:
             continue
         owner = attribute_node.value
         bindings = script.bindings_of(owner.value, owner)
-        if owner.value == name or any(b.kind == "param" for b in bindings):
+        if owner.value == name or any(b.kind == "param" and not _of_a_model(script, b.scope) for b in bindings):
             found.append(attribute_node)  # a parameter may hold the parsed arguments: counted as a read
     return found
+
+
+def _of_a_model(script, scope) -> bool:
+    """A method of a model class: its parameters are tensors (`idx.device` in `forward`), not the parsed arguments."""
+    klass = scope.enclosing_class
+    return klass is not None and isinstance(klass.node, cst.ClassDef) and script.class_kind(klass.node) == "model"
 
 
 __all__ = [

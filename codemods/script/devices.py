@@ -59,11 +59,12 @@ class DeviceBinding:
 def device_bindings(index: Index, entities: Entities, lines: Lines) -> list[DeviceBinding]:
     found = []
     flag_reads = {f[2:].replace("-", "_") for s in index.scopes for c in s.calls if (f := _device_flag(c)) in STRING_FLAGS}
+    namespaces = _parsed_namespaces(index) if flag_reads else frozenset()
     for scope in index.scopes:
         for bindings in scope.bindings.values():
             for binding in bindings:
                 kind = _device_kind(binding, entities)
-                if kind is None and binding.kind == "assign" and _reads_flag(binding.value, flag_reads):
+                if kind is None and binding.kind == "assign" and _reads_flag(binding.value, flag_reads, namespaces):
                     kind = "string"
                 key = _config_device_key(binding) if scope.kind == "module" else None
                 if key is not None:
@@ -109,9 +110,22 @@ def is_device_string(value: cst.BaseExpression) -> bool:
     return False
 
 
-def _reads_flag(value: Optional[cst.BaseExpression], dests: set) -> bool:
-    """`args.device`, where the file declares `--device`."""
-    return isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.attr.value in dests
+def _reads_flag(value: Optional[cst.BaseExpression], dests: set, namespaces: frozenset) -> bool:
+    """`args.device`, where the file declares `--device` and binds `args` to the parsed arguments (a tensor's own
+    `x.device` is no flag); any `name.device` where the file parses its arguments out of sight."""
+    return (
+        isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and value.attr.value in dests
+        and (not namespaces or value.value.value in namespaces)
+    )
+
+
+def _parsed_namespaces(index: Index) -> frozenset:
+    """The names the file binds to its parsed arguments (`args = parser.parse_args()`); a function's parameter of
+    the same name receives them."""
+    return frozenset(
+        binding.name for scope in index.scopes for bindings in scope.bindings.values() for binding in bindings
+        if binding.kind == "assign" and isinstance(binding.node, cst.Name) and _parses_arguments(binding.value)
+    )
 
 
 def _parses_arguments(value: Optional[cst.BaseExpression]) -> bool:
