@@ -46,6 +46,18 @@ def test_the_methods_on_the_way_to_the_step_receive_the_accelerator():
     assert "def evaluate(self, loader):" in code  # it uses nothing of the accelerator
 
 
+def test_a_trainer_calling_super_with_its_own_name_is_a_trainer_still():
+    """`super(Trainer, self).__init__()` names the class in its own code, as `super()` would without naming it."""
+    def edit(text):
+        return text.replace("class Trainer:\n", "class Trainer(object):\n").replace(
+            "        self.model = model.to(device)\n", "        super(Trainer, self).__init__()\n        self.model = model.to(device)\n", 1
+        )
+
+    source = edit(CASE.read_text())
+    assert "super(Trainer, self)" in source
+    assert _migrate(source).code == edit(CASE.with_name(f"{CASE.stem}.expected.py").read_text())
+
+
 def test_a_method_under_no_grad_that_prints_receives_the_accelerator_too():
     source = CASE.read_text().replace("    def evaluate(self, loader):\n", "    @torch.no_grad()\n    def evaluate(self, loader):\n").replace(
         "                total += self.criterion(self.model(inputs), targets).item()\n        return",

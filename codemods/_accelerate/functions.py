@@ -134,7 +134,7 @@ class EntryFunctions:
             return f"`{name}` is a method of a {self.script.class_kind(klass)} class"
         for node in self.planner.uses.names.get(klass.name.value, ()):
             parent = self.script.parent(node)
-            if node is not klass.name and not (isinstance(parent, cst.Call) and parent.func is node):
+            if node is not klass.name and not (isinstance(parent, cst.Call) and parent.func is node) and not self._own_super(node, klass):
                 return f"`{name}` is a method of `{klass.name.value}`, which is used other than to make an instance (line {self.script.line(node)})"
         calls = {site.call.func for site in function.callers}
         # `__init__` runs where the class is called (`super().__init__()` elsewhere is another class's).
@@ -143,6 +143,15 @@ class EntryFunctions:
             if node is not function.node.name and isinstance(parent, cst.Attribute) and parent.attr is node and parent not in calls and not self._of_something_else(parent):
                 return f"`{name}` is a method whose calls cannot all be followed (`.{node.value}`, line {self.script.line(node)})"
         return ""
+
+    def _own_super(self, node: cst.Name, klass: cst.ClassDef) -> bool:
+        """`super(Trainer, self).__init__()` in the class's own code: the older spelling of `super()`."""
+        argument = self.script.parent(node)
+        call = self.script.parent(argument) if isinstance(argument, cst.Arg) else None
+        return (
+            isinstance(call, cst.Call) and call.args[0] is argument and self.script.is_call_to(call, {"builtins.super"})
+            and any(a is klass for a in self.script.ancestors(call))
+        )
 
     def _keeps_the_signature(self, decorator: cst.Decorator) -> bool:
         """`@torch.no_grad()`, `@torch.inference_mode()`: the method is called as written."""
