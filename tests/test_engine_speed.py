@@ -3,8 +3,9 @@
 - `add_imports` (LibCST's AddImportsVisitor over the head of the module only)
   prints the same module as the visitor over the whole module, for every
   shape of module head and every kind of import asked for;
-- on every fixture, with its own words (apply and check mode) and with every
-  codemod (check mode), the migrated code and the findings are those of a
+- on a stride through the fixtures of each folder (its first one always), with
+  their own words (apply and check mode) and with every codemod (check mode),
+  the migrated code and the findings are those of a
   run that adds imports over the whole module and, in check mode, builds
   every codemod's version of the file;
 - past DIFFLIB_COMPARISONS, the line map of a long repetitive file is still
@@ -114,28 +115,34 @@ def _the_long_way(monkeypatch):
     monkeypatch.setattr(engine, "_required_words", lambda selected: {cls.word for cls, _ in selected})
 
 
+# Every fixture, twice, is minutes of CPU for one property of the engine's
+# shortcuts (test_fixture_pairs already checks each fixture's output): a
+# stride through each folder's sorted fixtures (its first one always) reaches
+# every word, the projects and the scripts; every codemod on each, a longer one.
+OWN_WORDS_STRIDE = 3
+EVERY_CODEMOD_STRIDE = 10
+
+
+def _strided(paths, stride: int = EVERY_CODEMOD_STRIDE) -> list:
+    by_folder: dict = {}
+    for path in sorted(paths):
+        by_folder.setdefault(path.parent, []).append(path)
+    return [path for folder in by_folder.values() for path in folder[::stride]]
+
+
+def _strided_cases(stride: int) -> list:
+    return [pytest.param(p, id=f"{p.parent.name}/{p.stem}") for p in _strided((c.values[0] for c in fixture_cases()), stride)]
+
+
 @pytest.mark.parametrize("check_only", [False, True], ids=["apply", "check"])
-@pytest.mark.parametrize("case", list(fixture_cases()))
+@pytest.mark.parametrize("case", _strided_cases(OWN_WORDS_STRIDE))
 def test_fixtures_give_what_the_long_way_gives(case, check_only, monkeypatch):
     fast = _outcomes(case, check_only)
     _the_long_way(monkeypatch)
     assert _outcomes(case, check_only) == fast
 
 
-# Every codemod on every fixture is minutes of CPU for one property of the
-# engine's shortcuts: a stride through each folder's sorted fixtures (its
-# first one always) reaches every word, the projects and the scripts.
-EVERY_CODEMOD_STRIDE = 5
-
-
-def _strided(paths) -> list:
-    by_folder: dict = {}
-    for path in sorted(paths):
-        by_folder.setdefault(path.parent, []).append(path)
-    return [path for folder in by_folder.values() for path in folder[::EVERY_CODEMOD_STRIDE]]
-
-
-@pytest.mark.parametrize("case", [pytest.param(p, id=f"{p.parent.name}/{p.stem}") for p in _strided(c.values[0] for c in fixture_cases())])
+@pytest.mark.parametrize("case", _strided_cases(EVERY_CODEMOD_STRIDE))
 def test_every_codemod_checks_what_the_long_way_checks(case, monkeypatch):
     """Check mode skips the versions of the file no later codemod reads."""
     fast = _outcomes(case, True, _every_codemod())
