@@ -276,6 +276,8 @@ class ShardedEvaluation:
             return False
         if keyword_arg(call, "sampler") is not None or keyword_arg(call, "batch_sampler") is not None:
             return False
+        if self.script.time_first_padding(call) is not None:
+            return False  # a dispatched batch would be cut along its time steps
         shuffle = keyword_arg(call, "shuffle")
         if shuffle is not None and not (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False"):
             return False

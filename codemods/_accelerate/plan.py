@@ -280,11 +280,28 @@ class Planner:
     def _write_accelerator(self) -> None:
         """Written once the training loaders are read: a shuffled one is dispatched from rank 0."""
         dispatch = bool(self.shuffled_loaders or self.returned_loaders)
+        self._refuse_time_first_batches(dispatch)
         self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode, self.cpu), self.config))
         for call in self.shuffled_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): on N processes rank 0 alone iterates it, drawing the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
         for call in self.returned_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader built in another module, which may shuffle: on N processes rank 0 alone iterates it, in the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
+
+    def _refuse_time_first_batches(self, dispatch: bool) -> None:
+        """A dispatched batch is cut along its first dimension, which must then be the samples': a training loader
+        whose collate function pads sequences time-first (`pad_sequence` without `batch_first=True`) would give
+        each process a stretch of time steps of every sequence. Not dispatched, each process collates its own
+        samples, and the batches are right whatever their layout."""
+        for loader in self.training_loaders if dispatch else ():
+            padding = self.script.time_first_padding(loader.value) if isinstance(loader.value, cst.Call) else None
+            if padding is not None:
+                raise CannotMigrate(
+                    padding, "AM829",
+                    f"`{code_of(padding)}` pads the training batches time-first, and a batch that rank 0 sends out "
+                    f"(`dispatch_batches=True`, which keeps a shuffled loader's order) is cut along its first "
+                    f"dimension: accelerate changed nothing; pad with `batch_first=True` (and index the batch that "
+                    f"way), or prepare the loader by hand without dispatching its batches",
+                )
 
     # -- devices ----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from typing import Callable, Optional, TypeVar, Union
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from .._syntax import keyword_arg, walk
 from .devices import DeviceBinding, device_bindings, is_device_string
 from .entities import Entities, Entity
 from .flow import EntryPoint, Flow, Function
@@ -203,6 +204,38 @@ class ScriptModel:
         iterable = within_wrappers(loop.iter, lambda call: self.is_call_to(call, ITERATION_WRAPPERS))
         built = self.loader_built_elsewhere(iterable) if isinstance(iterable, cst.Name) else None
         return (iterable, built) if built is not None else None
+
+    def time_first_padding(self, loader: cst.Call) -> Optional[cst.Call]:
+        """The `pad_sequence(...)` without `batch_first=True` in the collate function a DataLoader call is given
+        (a function of the file, the closure a function of the file returns, a lambda, a `partial` of one): the
+        batches it makes hold their sequences time-first, the samples along the second dimension; else None."""
+        given = keyword_arg(loader, "collate_fn")
+        for function in self._functions_behind(given.value) if given is not None else ():
+            for node in walk(function):
+                if isinstance(node, cst.Call) and self.is_call_to(node, v.PAD_SEQUENCE):
+                    positional = [a for a in node.args if a.keyword is None]
+                    batch_first = keyword_arg(node, "batch_first") or (positional[1] if len(positional) > 1 else None)
+                    if batch_first is None or not (isinstance(batch_first.value, cst.Name) and batch_first.value.value == "True"):
+                        return node
+        return None
+
+    def _functions_behind(self, value: cst.BaseExpression, depth: int = 0) -> list:
+        """The definitions a callable expression may run: a def or lambda of the file, through names, `partial`
+        and a factory call (whose body holds the function it returns)."""
+        if isinstance(value, cst.Lambda):
+            return [value]
+        if depth > 3:
+            return []
+        if isinstance(value, cst.Call):
+            partial = self.is_call_to(value, {"functools.partial"}) and value.args
+            return self._functions_behind(value.args[0].value if partial else value.func, depth + 1)
+        found = []
+        for binding in self.bindings_of(value.value, value) if isinstance(value, cst.Name) else ():
+            if binding.kind == "def":
+                found.append(binding.node)
+            elif binding.kind == "assign" and binding.value is not None:
+                found += self._functions_behind(binding.value, depth + 1)
+        return found
 
     def is_dataloader(self, call: cst.CSTNode) -> bool:
         """A call of torch's DataLoader, by any spelling; also a bare

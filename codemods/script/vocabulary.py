@@ -9,6 +9,8 @@ read these, so a spelling added here reaches every codemod at once.
 from __future__ import annotations
 
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+# Pads a list of sequences into one tensor, time-first unless `batch_first=True`.
+PAD_SEQUENCE = frozenset({"torch.nn.utils.rnn.pad_sequence"})
 # Modules whose `import *` brings torch's DataLoader in (LibCST leaves the name unresolved).
 DATALOADER_MODULES = frozenset({"torch.utils.data", "torch.utils.data.dataloader"})
 
