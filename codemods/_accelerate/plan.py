@@ -9,6 +9,8 @@ the `__main__` block calls, or a flat script's module level).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from .._base import (
@@ -273,19 +275,21 @@ class Planner:
         self.accelerator_anchor = anchor
         self.moved_after = None  # the statement parsing a `--no-cuda` flag the Accelerator reads, when it follows
         self.cpu = NO_CUDA
-        self.shuffled_loaders, self.returned_loaders = [], []
+        self.shuffled_loaders, self.returned_loaders, self.factory_loaders = [], [], []
         self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
         self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
 
     def _write_accelerator(self) -> None:
         """Written once the training loaders are read: a shuffled one is dispatched from rank 0."""
-        dispatch = bool(self.shuffled_loaders or self.returned_loaders)
+        dispatch = bool(self.shuffled_loaders or self.returned_loaders or self.factory_loaders)
         self._refuse_time_first_batches(dispatch)
         self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode, self.cpu), self.config))
         for call in self.shuffled_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): on N processes rank 0 alone iterates it, drawing the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
         for call in self.returned_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader built in another module, which may shuffle: on N processes rank 0 alone iterates it, in the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
+        for call in self.factory_loaders:
+            self.plan.fixes.append((call, "AM810", f"training DataLoader made by `{code_of(call.func)}`, which may shuffle: on N processes rank 0 alone iterates it, in the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
 
     def _refuse_time_first_batches(self, dispatch: bool) -> None:
         """A dispatched batch is cut along its first dimension, which must then be the samples': a training loader
@@ -293,7 +297,8 @@ class Planner:
         each process a stretch of time steps of every sequence. Not dispatched, each process collates its own
         samples, and the batches are right whatever their layout."""
         for loader in self.training_loaders if dispatch else ():
-            padding = self.script.time_first_padding(loader.value) if isinstance(loader.value, cst.Call) else None
+            made = self._dataloader_call(loader)
+            padding = self.script.time_first_padding(made) if made is not None else None
             if padding is not None:
                 raise CannotMigrate(
                     padding, "AM829",
@@ -775,8 +780,32 @@ class Planner:
         self.returned_loaders.append(loader.call)
         self.plan.notes.append((loader.call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True` where the loader is built, or a data set the batch size divides, keeps the original's steps"))
 
+    def _dataloader_call(self, loader) -> Optional[cst.Call]:
+        """The DataLoader(...) call that makes a training loader: its own value, or the one in the function of the
+        file whose call it is bound to."""
+        call = loader.value
+        if not isinstance(call, cst.Call):
+            return None
+        return call if self.script.is_dataloader(call) else self.script.dataloader_made_by(call)
+
+    def _check_loader_made_by_a_function(self, loader) -> None:
+        """`train_loader = get_data_loader(train_data, batch_size, shuffle=True)`, a function of the file: its
+        settings come through its parameters, so, as for a loader another module builds, the main process iterates
+        it, in the original's order either way, and sends each process its slice of every batch. A name passed to
+        it and shaping a tensor in the loop (`x.view(batch_size, -1)`) may be the batch size, now split."""
+        call = loader.value
+        passed = {dotted_name(a.value) for a in call.args if isinstance(a.value, (cst.Name, cst.Attribute))}
+        for loop in (loop for step in self.steps for loop in step.loops if self.loader_of(loop) is loader):
+            for node in walk(loop.node.body) if isinstance(loop.node, cst.For) else ():
+                if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) in passed and is_shape_argument(self.codemod, node):
+                    raise CannotMigrate(node, "AM829", f"`{code_of(node)}`, passed to `{code_of(call.func)}` that makes the training DataLoader, shapes a tensor in the loop: if it is the batch size, each process now holds a share of it: accelerate changed nothing; shape it from the batch itself (`x.size(0)`), then run accelerate again")
+        self.factory_loaders.append(call)
+        self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True` where the loader is made, or a data set the batch size divides, keeps the original's steps"))
+
     def _check_loader(self, loader) -> None:
         call = loader.value
+        if isinstance(call, cst.Call) and not self.script.is_dataloader(call) and self.script.dataloader_made_by(call) is not None:
+            return self._check_loader_made_by_a_function(loader)
         if not isinstance(call, cst.Call) or not self.script.is_dataloader(call):
             raise CannotMigrate(loader.at, "AM829", f"training DataLoader `{loader.name}` not made by a DataLoader(...) call here: accelerate changed nothing")
         settings = self._loader_settings(call)
@@ -799,8 +828,8 @@ class Planner:
         the processes do not divide)."""
         for step in steps:
             for loop in step.loops or step.called_in_loops:
-                if loop.loader is None or not isinstance(loop.node, cst.For) or not isinstance(loop.loader.value, cst.Call):
-                    continue
+                if loop.loader is None or not isinstance(loop.node, cst.For) or not self.script.is_dataloader(loop.loader.value):
+                    continue  # a loader a function makes: refused above where its arguments shape a tensor
                 sizes = self._loader_settings(loop.loader.value).get("batch_size", [])
                 size = dotted_name(sizes[0]) if len(sizes) == 1 else None
                 if not size or self._binds(loop.node, size):

@@ -183,8 +183,10 @@ class FabricPlanner(Planner):
         raise CannotMigrate(loader.call, "AM829", f"training DataLoader built in another module: each process must load `batch_size // {FABRIC}.world_size`, set where it is built; fabric changed nothing; build it here, or divide its batch size there by hand")
 
     def _check_loader(self, loader) -> None:
-        super()._check_loader(loader)
         call = loader.value
+        if isinstance(call, cst.Call) and not self.script.is_dataloader(call) and self.script.dataloader_made_by(call) is not None:
+            raise CannotMigrate(call, "AM929", f"training DataLoader made by `{code_of(call.func)}`: each process must load `batch_size // {FABRIC}.world_size`, set where it is made; fabric changed nothing; make it here, or divide its batch size there by hand")
+        super()._check_loader(loader)
         if keyword_arg(call, "batch_sampler") is not None:
             raise CannotMigrate(call, "AM829", "training DataLoader with a `batch_sampler`: Fabric's DistributedSampler cannot share it out; fabric changed nothing; give it a `batch_size` (and a sampler) instead, then run fabric again")
         dataset = keyword_arg(call, "dataset") or (call.args[0] if call.args and call.args[0].keyword is None else None)

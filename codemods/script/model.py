@@ -205,6 +205,17 @@ class ScriptModel:
         built = self.loader_built_elsewhere(iterable) if isinstance(iterable, cst.Name) else None
         return (iterable, built) if built is not None else None
 
+    def dataloader_made_by(self, call: cst.Call) -> Optional[cst.Call]:
+        """For a call of a function of the file that returns a DataLoader (`get_data_loader(data, 128, shuffle=True)`,
+        every `return` of it giving one): the one DataLoader(...) call in its own body; else None."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        for binding in self.index.definitions_of(call.func.value, self.index.scope_of(call)):
+            if binding.kind == "def" and self._entities.returned_kind(binding.node) == "loader":
+                made = [node for node in walk(binding.node.body, into_definitions=False) if isinstance(node, cst.Call) and self.is_dataloader(node)]
+                return made[0] if len(made) == 1 else None
+        return None
+
     def time_first_padding(self, loader: cst.Call) -> Optional[cst.Call]:
         """The `pad_sequence(...)` without `batch_first=True` in the collate function a DataLoader call is given
         (a function of the file, the closure a function of the file returns, a lambda, a `partial` of one): the
