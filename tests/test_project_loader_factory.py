@@ -53,3 +53,36 @@ def test_two_processes_end_with_the_one_process_weights(tmp_path, word):
     expected, trained = torch.load(original / "weights.pt"), torch.load(project / "weights.pt")
     assert max((expected[k] - trained[k]).abs().max().item() for k in expected) <= ONE_PROCESS_TOLERANCE
     assert two.stdout.count("epoch 2 done") == 1, two.stdout
+
+
+PADDED = '''
+
+def pad_collate(padding_value):
+    def collate(samples):
+        inputs = pad_sequence([x.unsqueeze(1) for x, _ in samples], padding_value=padding_value{flag})
+        return inputs, torch.stack([y for _, y in samples])
+
+    return collate
+'''
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_accelerate_refuses_a_returned_loader_padded_time_first(tmp_path, batch_first):
+    """A batch accelerate dispatches from rank 0 is cut along its first dimension: time steps, for a loader
+    whose collate function (here the closure a factory of data.py returns) pads with `pad_sequence` time-first."""
+    project = shutil.copytree(PROJECT, tmp_path / "project")
+    data = project / "data.py"
+    data.write_text(
+        data.read_text().replace("from torch.utils.data import", "from torch.nn.utils.rnn import pad_sequence\nfrom torch.utils.data import")
+        .replace("shuffle=True)", "shuffle=True, collate_fn=pad_collate(0.0))")
+        + PADDED.format(flag=", batch_first=True" if batch_first else "")
+    )
+    before = {path.name: path.read_text() for path in project.glob("*.py")}
+    done = invoke("apply", "--to", "accelerate", "--no-cache", "train.py", cwd=project)
+    after = {path.name: path.read_text() for path in project.glob("*.py")}
+    if batch_first:
+        assert done.exit_code == 0, done.output
+        assert "accelerator.prepare(model, optimizer, loader)" in after["train.py"]
+    else:
+        assert after == before
+        assert "train.py:10:14: AM829 `make_loader` returns training batches padded time-first" in done.output, done.output

@@ -28,7 +28,7 @@ from accelmigrate.files.notebook import NotebookError, is_notebook, parse_notebo
 from accelmigrate.files.sources import excluded
 from accelmigrate.project.training_loops import (
     evaluating_functions, file_writers, handed_loader_classes, handed_loops as handed_loops_in, iterated_by_own_loops,
-    loader_classes, loader_source, loop_functions, loop_precision, returned_loader,
+    loader_classes, loader_source, loop_functions, loop_precision, pads_time_first, returned_loader,
 )
 
 # Folders above the script searched for an imported module's file: a script
@@ -165,6 +165,8 @@ def handoffs(files: Sequence[str], read: dict, trees: Optional[dict] = None) -> 
             if provider is not None and returned_loader(provider, function, source[1]):
                 found[_key(path)]["sharded_loaders"].add(source)
                 found[_key(str(modules[module]))]["built_loaders"].add((function, source[1]))
+                if pads_time_first(provider, function, source[1]):
+                    found[_key(path)]["time_first_loaders"].add(source)
         classes = {
             f"{module}.{klass[0]}": (*klass, file)
             for module, file in modules.items() for klass in _names_once(file, read, loader_classes)

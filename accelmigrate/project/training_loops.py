@@ -337,6 +337,47 @@ def returned_loader(tree: ast.Module, function: str, index: int) -> bool:
     return True
 
 
+def pads_time_first(tree: ast.Module, function: str, index: int) -> bool:
+    """The DataLoader that `function` of the module returns (at `index`, as `returned_loader` reads it) is given a
+    collate function of the module (a def, the closure a factory of the module returns, a lambda) that pads its
+    sequences time-first: `pad_sequence(...)` without `batch_first=True`."""
+    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function), None)
+    returns = [r.value for r in ast.walk(node) if isinstance(r, ast.Return)] if node is not None else []
+    names = {(v.elts[index] if index >= 0 and isinstance(v, ast.Tuple) and index < len(v.elts) else v) for v in returns}
+    loaders = [
+        n.value for n in ast.walk(node) if node is not None and isinstance(n, ast.Assign) and len(n.targets) == 1
+        and isinstance(n.targets[0], ast.Name) and any(isinstance(name, ast.Name) and name.id == n.targets[0].id for name in names)
+        and _makes_loader(n.value)
+    ]
+    given = [k.value for loader in loaders for k in loader.keywords if k.arg == "collate_fn"]
+    defined = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    return any(_pads_time_first(function_node) for value in given for function_node in _functions_behind(value, node, defined))
+
+
+def _functions_behind(value: ast.expr, within: ast.FunctionDef, defined: dict, depth: int = 0) -> list:
+    """The definitions of the module a collate function expression may run: a def (of the module, or nested in
+    the function that makes the loader), a lambda, the body of a factory the expression calls."""
+    if isinstance(value, ast.Lambda):
+        return [value]
+    if isinstance(value, ast.Call) and depth < 3:
+        return _functions_behind(value.func, within, defined, depth + 1)
+    if not isinstance(value, ast.Name) or depth >= 3:
+        return []
+    nested = [n for n in ast.walk(within) if isinstance(n, ast.FunctionDef) and n.name == value.id and n is not within]
+    bound = [n.value for n in ast.walk(within) if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
+    found = nested + ([defined[value.id]] if value.id in defined else [])
+    return found + [f for b in bound for f in _functions_behind(b, within, defined, depth + 1)]
+
+
+def _pads_time_first(function: ast.AST) -> bool:
+    for call in ast.walk(function):
+        if isinstance(call, ast.Call) and getattr(call.func, "id", getattr(call.func, "attr", "")) == "pad_sequence":
+            flag = next((k.value for k in call.keywords if k.arg == "batch_first"), call.args[1] if len(call.args) > 1 else None)
+            if not (isinstance(flag, ast.Constant) and flag.value is True):
+                return True
+    return False
+
+
 def _makes_loader(value: ast.expr) -> bool:
     func = value.func if isinstance(value, ast.Call) else None
     return getattr(func, "id", getattr(func, "attr", "")) == "DataLoader"

@@ -296,7 +296,15 @@ class Planner:
         whose collate function pads sequences time-first (`pad_sequence` without `batch_first=True`) would give
         each process a stretch of time steps of every sequence. Not dispatched, each process collates its own
         samples, and the batches are right whatever their layout."""
+        time_first_elsewhere = {name for name, _ in project_facts.current().time_first_loaders} if self.codemod.reads_handoffs else set()
         for loader in self.training_loaders if dispatch else ():
+            if isinstance(loader, ReturnedLoader) and self.script.qualified_names(loader.call.func) & time_first_elsewhere:
+                raise CannotMigrate(
+                    loader.call, "AM829",
+                    f"`{code_of(loader.call.func)}` returns training batches padded time-first (`pad_sequence` without "
+                    f"`batch_first=True` in its loader's collate function), and a batch that rank 0 sends out is cut along "
+                    f"its first dimension: accelerate changed nothing; pad with `batch_first=True` there, or migrate by hand",
+                )
             made = self._dataloader_call(loader)
             padding = self.script.time_first_padding(made) if made is not None else None
             if padding is not None:

@@ -36,6 +36,9 @@ and read by the codemods through `ScriptModel.project`.
   (`data.get_loaders`, 0; -1 for a single result), whose DataLoader this
   file hands such a loop, or its own training loop iterates: sharded
   where it is built.
+- `time_first_loaders`: those of `sharded_loaders` whose collate function pads
+  its sequences time-first (`pad_sequence` without `batch_first=True`): a
+  batch accelerate dispatches would be cut along its time steps.
 - `loader_classes`: the classes of the project's modules, named as this
   file's imports name them (`solver.Solver`), whose method trains on the
   DataLoader this file builds and hands their constructor
@@ -140,6 +143,7 @@ class ProjectFacts:
     received_loops: frozenset = frozenset()  # of LoopFunction, named as the module names them
     sharded_loaders: frozenset = frozenset()  # of (function, position of its result)
     built_loaders: frozenset = frozenset()  # of (function, position of its result), this module's
+    time_first_loaders: frozenset = frozenset()  # the sharded_loaders whose collate function pads time-first
     rank_zero_library: bool = False
     loader_classes: frozenset = frozenset()  # of LoaderClass, named as this file's imports name them
     received_loader_classes: frozenset = frozenset()  # of LoaderClass, this module's
@@ -162,7 +166,7 @@ class ProjectFacts:
         """These facts without those that pair the file with another."""
         return dataclasses.replace(
             self, training_loops=frozenset(), received_loops=frozenset(), sharded_loaders=frozenset(), built_loaders=frozenset(),
-            rank_zero_library=False, rank_zero_writers=frozenset(), loader_classes=frozenset(),
+            time_first_loaders=frozenset(), rank_zero_library=False, rank_zero_writers=frozenset(), loader_classes=frozenset(),
             received_loader_classes=frozenset(),
         )
 
@@ -176,7 +180,7 @@ class ProjectFacts:
         )
         paired = (
             self.training_loops, self.received_loops, self.sharded_loaders, self.built_loaders, self.loader_classes,
-            self.received_loader_classes,
+            self.received_loader_classes, self.time_first_loaders,
         )
         loops = [",".join(map(repr, sorted(found))) for found in paired]
         return ";".join([*(",".join(sorted(n)) for n in names), imported, *loops])
