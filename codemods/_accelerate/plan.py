@@ -785,8 +785,13 @@ class Planner:
     def _check_returned_loader(self, loader) -> None:
         """A training loader another module builds: whether it shuffles is not seen here, so the main process
         iterates it, in the original's order either way, and sends each process its slice of every batch."""
-        self.returned_loaders.append(loader.call)
-        self.plan.notes.append((loader.call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True` where the loader is built, or a data set the batch size divides, keeps the original's steps"))
+        self._dispatch_unread(loader.call, self.returned_loaders)
+
+    def _dispatch_unread(self, call: cst.Call, kind: list) -> None:
+        """A training loader whose settings are not read here (made by another module, or by a function of the
+        file): dispatched from the main process, with the note on its last batch."""
+        kind.append(call)
+        self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True` where the loader is made, or a data set the batch size divides, keeps the original's steps"))
 
     def _dataloader_call(self, loader) -> Optional[cst.Call]:
         """The DataLoader(...) call that makes a training loader: its own value, or the one in the function of the
@@ -807,8 +812,7 @@ class Planner:
             for node in walk(loop.node.body) if isinstance(loop.node, cst.For) else ():
                 if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) in passed and is_shape_argument(self.codemod, node):
                     raise CannotMigrate(node, "AM829", f"`{code_of(node)}`, passed to `{code_of(call.func)}` that makes the training DataLoader, shapes a tensor in the loop: if it is the batch size, each process now holds a share of it: accelerate changed nothing; shape it from the batch itself (`x.size(0)`), then run accelerate again")
-        self.factory_loaders.append(call)
-        self.plan.notes.append((call, "AM811", "on N processes a last batch smaller than the batch size is completed with the epoch's first samples (accelerate's even batches); `drop_last=True` where the loader is made, or a data set the batch size divides, keeps the original's steps"))
+        self._dispatch_unread(call, self.factory_loaders)
 
     def _check_loader(self, loader) -> None:
         call = loader.value
