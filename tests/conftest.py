@@ -19,22 +19,6 @@ os.environ.setdefault("ACCELMIGRATE_CACHE_DIR", tempfile.mkdtemp(prefix="accelmi
 os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="accelmigrate-user-cache-"))  # the cache's secret
 
 
-# The test files that take longest (CPU seconds of a whole run, measured with
-# --durations): collected first, the others in their own order after them.
-# `--dist loadfile` hands each worker the next file in collection order, so
-# the run ends on short files on both workers instead of one long file on one.
-LONGEST_FIRST = (
-    "test_speed_codemods", "test_amp", "test_engine_speed", "test_never_silent", "test_amp_reach_regions", "test_verify",
-    "test_project_ddp", "test_sum_reduction", "test_verify_notes", "test_ddp_model_side", "test_accelerate_trainer_class",
-    "test_verify_trust", "test_device_cuda_only_shapes", "test_amp_trust", "test_reach_benchmark", "test_ddp",
-)
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a file's own order is kept
-
-
 # Two known gloo flakes end a launch whose work is right, and the launch is
 # run again, up to GLOO_FLAKE_RERUNS times:
 # - a gloo process group can abort a process (SIGABRT) as the process ends,
