@@ -263,7 +263,8 @@ def _from_stdin(name: str, plan, config: Config, *, check_only: bool) -> FileRes
         return FileResult(name, error=str(error))
     silenced = config.codes().silenced(name, known_codes())
     result = process_text(
-        name, source.text, plan, check_only=check_only, black_config=config.black, line_length=config.line_length, silenced=silenced
+        name, source.text, plan, check_only=check_only, black_config=config.black, line_length=config.line_length, silenced=silenced,
+        runtime=config.runtime,
     )
     result.encoding = source.encoding  # what the migrated text is written back in (its coding line's, a BOM kept)
     return result
@@ -298,13 +299,18 @@ def with_common_options(*, paths_required: bool = True):
 @click.option("--to", "words", metavar="WORDS", help=f"Comma-separated codemods (default: {','.join(DEFAULT_WORDS)}). See `accelmigrate list`.")
 @click.option("--diff", "dry_run", is_flag=True, help="Write nothing; print the unified diff. Exit 1 when anything would change.")
 @click.option("--show-fixes", is_flag=True, help="Also list each change made, at its line.")
-def apply(paths, stdin_filename, select, ignore, exclude, config_file, jobs, output_format, no_cache, show_notes, only_named, words, dry_run, show_fixes) -> None:
+@click.option(
+    "--runtime", is_flag=True,
+    help="Import the small helpers from accelmigrate.runtime instead of writing their plain definitions into the file (the script then needs accelmigrate; `runtime = true` in [tool.accelmigrate] sets it).",
+)
+def apply(paths, stdin_filename, select, ignore, exclude, config_file, jobs, output_format, no_cache, show_notes, only_named, words, dry_run, show_fixes, runtime) -> None:
     """Rewrite PATHS (files or folders) in place with the chosen codemods.
     With PATH `-`, read stdin and print the migrated text to stdout (the
     findings and the summary go to stderr)."""
     reporter = Reporter()
     stdin_name = _stdin_paths(paths, stdin_filename)
     config = with_codes(config_for([stdin_name] if stdin_name not in (None, STDIN) else ([] if stdin_name else paths), config_file), select, ignore)
+    config.runtime = config.runtime or runtime
     plan = plan_for(words, config, DEFAULT_WORDS)
     if stdin_name is not None:
         _apply_stdin(stdin_name, plan, config, reporter, dry_run=dry_run, show_notes=show_notes, output_format=output_format)
@@ -312,7 +318,7 @@ def apply(paths, stdin_filename, select, ignore, exclude, config_file, jobs, out
     results = _run(
         files, plan, reporter, jobs=jobs, write=not dry_run, black_config=config.black, line_length=config.line_length,
         cache_folder=_cache_folder(config, no_cache), codes=config.codes(),
-        follow_imports=not only_named, exclude=[*config.exclude, *exclude],
+        follow_imports=not only_named, exclude=[*config.exclude, *exclude], runtime=config.runtime,
     )
     left = {r.path: lint.reported(r.findings, path=r.path, config=config, show_notes=show_notes, unfixed_only=True) for r in results}
     changed = [r for r in results if r.changed]

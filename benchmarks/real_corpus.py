@@ -21,12 +21,15 @@ siblings in a scratch folder:
               even a note, on a script that trains: the user would believe it
               migrated (not counted for the default words, which may rightly
               find nothing to do where a script already loads and logs well);
-then the codes left, counted in scripts. An entry whose own code does not
-parse (Python 2) is left out and counted apart.
+then the scripts whose migrated files still import accelmigrate (a helper
+with no plain definition yet; with `--runtime`, every use of a helper), and
+the codes left, counted in scripts. An entry whose own code does not parse
+(Python 2) is left out and counted apart.
 
     python benchmarks/real_corpus.py --repos /tmp/corpus                    # every word set
     python benchmarks/real_corpus.py --repos /tmp/corpus --mirror /work/.mirror
     python benchmarks/real_corpus.py --repos /tmp/corpus --words ddp --codes  # each entry's codes
+    python benchmarks/real_corpus.py --repos /tmp/corpus --runtime           # as `apply --runtime` writes
     python benchmarks/real_corpus.py --repos /tmp/corpus --run               # also run them (CPU)
     python benchmarks/real_corpus.py --repos /tmp/corpus --run --parity      # and on 2 gloo processes
 
@@ -53,6 +56,7 @@ import dataclasses
 import math
 import os
 import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -195,6 +199,7 @@ class Migration:
     left: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     noted: frozenset = frozenset()
     spoke: frozenset = frozenset()  # the words that changed or reported something
+    needs_tool: bool = False  # a migrated file imports accelmigrate (its runtime)
 
     @property
     def no_manual_step(self) -> bool:
@@ -232,13 +237,13 @@ def own_code_parses(entry: Entry, checkout: Path) -> bool:
     return not parses(path, path.read_text(encoding="utf-8", errors="surrogateescape"))
 
 
-def migrate(entry: Entry, name: str, checkout: Path, folder: Path, notes: frozenset) -> Migration:
+def migrate(entry: Entry, name: str, checkout: Path, folder: Path, notes: frozenset, runtime: bool = False) -> Migration:
     """The words over the copy of the entry and the modules of its project
-    that it reaches (as `apply ENTRY` migrates them)."""
+    that it reaches (as `apply ENTRY` migrates them, or `apply --runtime`)."""
     copy = stage(entry, checkout, folder)
     done = Migration(entry, name)
     plan = plan_for(WORD_SETS[name][0])
-    results = process_files([str(copy)], plan, jobs=1, follow_imports=True)
+    results = process_files([str(copy)], plan, jobs=1, follow_imports=True, runtime=runtime)
     failed = [f for r in results for f in r.findings if f.code == "AM000"]
     error = next((r.error for r in results if r.error), None)
     if error or failed:
@@ -251,7 +256,7 @@ def migrate(entry: Entry, name: str, checkout: Path, folder: Path, notes: frozen
     for result in results:
         if result.changed:
             Path(result.path).write_text(result.migrated, encoding="utf-8")
-    if any(again.error or again.changed for again in process_files([str(copy)], plan, jobs=1, follow_imports=True)):
+    if any(again.error or again.changed for again in process_files([str(copy)], plan, jobs=1, follow_imports=True, runtime=runtime)):
         done.wrong = "not idempotent: a second run changes the output"
         return done
     unfixed = [f for result in results for f in result.findings if not f.fixed]
@@ -259,19 +264,24 @@ def migrate(entry: Entry, name: str, checkout: Path, folder: Path, notes: frozen
     done.left = collections.Counter(f.code for f in unfixed if f.code not in notes)
     done.noted = frozenset(f.code for f in unfixed if f.code in notes)
     done.spoke = frozenset(word for result in results for f in result.findings for word in words_of(f))
+    done.needs_tool = any(result.changed and IMPORTS_THE_TOOL.search(result.migrated) for result in results)
     return done
 
 
-def migrate_entry(job: tuple[Entry, Path, list[str], Path]) -> list[Migration]:
+# An import of accelmigrate in migrated code (its runtime's helpers).
+IMPORTS_THE_TOOL = re.compile(r"^\s*(?:from|import)\s+accelmigrate\b", re.MULTILINE)
+
+
+def migrate_entry(job: tuple[Entry, Path, list[str], Path, bool]) -> list[Migration]:
     """Every set of words over one entry (in a process of its own)."""
-    entry, checkout, names, scratch = job
+    entry, checkout, names, scratch, runtime = job
     notes = notes_of_every_codemod()
     done = []
     for name in names:
         folder = scratch / name
         folder.mkdir(parents=True)
         try:
-            done.append(migrate(entry, name, checkout, folder, notes))
+            done.append(migrate(entry, name, checkout, folder, notes, runtime))
         except Exception as error:  # the benchmark goes on; the entry counts as not applied
             done.append(Migration(entry, name, wrong=f"not applied: {type(error).__name__}: {error}"[:200]))
     return done
@@ -357,8 +367,8 @@ def run_entry(entry: Entry, checkout: Path, migrations: list[Migration], scratch
 
 def summary(migrations: list[Migration], names: list[str], ran: dict) -> str:
     lines = [
-        "| words | scripts | applied | parses | idempotent | no manual step | silent | regressions | rescues | same numbers | top codes left (scripts) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| words | scripts | applied | parses | idempotent | no manual step | silent | needs accelmigrate | regressions | rescues | same numbers | top codes left (scripts) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name in names:
         mine = [m for m in migrations if m.words == name]
@@ -370,7 +380,7 @@ def summary(migrations: list[Migration], names: list[str], ran: dict) -> str:
         regressions, rescues, same = run_counts(mine, name, ran)
         lines.append(
             f"| `{name}` | {len(mine)} | {len(applied)} | {len(parsed)} | {len(idempotent)} | {full} ({100 * full / max(len(mine), 1):.0f}%) "
-            f"| {sum(m.silent for m in mine)} | {regressions} | {rescues} | {same} | {top} |"
+            f"| {sum(m.silent for m in mine)} | {sum(m.needs_tool for m in mine)} | {regressions} | {rescues} | {same} | {top} |"
         )
     return "\n".join(lines)
 
@@ -428,6 +438,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--words", action="append", choices=list(WORD_SETS), help="a set of words (repeatable; default: all)")
     parser.add_argument("--only", action="append", default=[], help="entries whose repo:path contains this text (repeatable)")
     parser.add_argument("--codes", action="store_true", help="also print each entry's verdict per set of words")
+    parser.add_argument("--runtime", action="store_true", help="migrate as `apply --runtime` (the copies import accelmigrate.runtime)")
     parser.add_argument("--run", action="store_true", help="run the originals and the copies on the CPU, offline, a few steps")
     parser.add_argument("--parity", action="store_true", help="with --run: each ddp/accelerate/fabric copy on 2 gloo processes")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -446,7 +457,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     python2 = [e for e in entries if not own_code_parses(e, checkouts[e])]
     entries = [e for e in entries if e not in python2]
     with tempfile.TemporaryDirectory() as root:
-        jobs = [(e, checkouts[e], names, Path(root) / str(i)) for i, e in enumerate(entries)]
+        jobs = [(e, checkouts[e], names, Path(root) / str(i), args.runtime) for i, e in enumerate(entries)]
         with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
             migrations = [m for done in pool.map(migrate_entry, jobs) for m in done]
         ran, parity = {}, {}

@@ -66,7 +66,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def migrated(script: Path, follow: bool = True) -> str:
-    (result, *_) = process_files([str(script)], [("device", {}), ("amp", {})], jobs=1, follow_imports=follow)
+    (result, *_) = process_files([str(script)], [("device", {}), ("amp", {})], jobs=1, follow_imports=follow, runtime=True)  # ACCELMIGRATE_PRECISION
     assert result.error is None, result.error
     return result.migrated
 

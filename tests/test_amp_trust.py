@@ -161,7 +161,7 @@ def test_a_notebook_that_trains_two_models_runs_once_migrated(tmp_path):
     cells = notebook_cells()
     notebook = tmp_path / "two_models.ipynb"
     write_notebook(notebook, cells)
-    applied = run_cli("apply", "--no-cache", "--to", "amp", str(notebook), cwd=tmp_path)
+    applied = run_cli("apply", "--no-cache", "--to", "amp", "--runtime", str(notebook), cwd=tmp_path)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     migrated_cells = ["".join(c["source"]) for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"]]
     first_optimizer = next(i for i, cell in enumerate(migrated_cells) if "optim.SGD" in cell)
@@ -183,7 +183,7 @@ def test_checklist_keys_autocast_to_the_cpu_where_the_tutorial_computes(tmp_path
     trains as before."""
     script = tmp_path / "device_never_used.py"
     shutil.copy(CASES / "device_never_used.py", script)
-    applied = run_cli("apply", "--no-cache", "--to", "checklist", "--show-fixes", str(script), cwd=tmp_path)
+    applied = run_cli("apply", "--no-cache", "--to", "checklist", "--show-fixes", "--runtime", str(script), cwd=tmp_path)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "moves nothing to it" in applied.stdout
     code = script.read_text(encoding="utf-8")

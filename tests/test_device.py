@@ -59,7 +59,7 @@ def test_cuda_only_script_fails_on_a_cpu_before_migration():
 def test_migrated_script_runs_on_a_cpu_and_computes_what_the_original_would(tmp_path):
     migrated = tmp_path / "cuda_only.py"
     migrated.write_text(CUDA_ONLY.read_text())
-    applied = run_cli("apply", str(migrated), "--to", "device")
+    applied = run_cli("apply", str(migrated), "--to", "device", "--runtime")
     assert applied.returncode == 0, applied.stderr + applied.stdout
     assert "cuda" not in without_docstring(migrated.read_text())
 

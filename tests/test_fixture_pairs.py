@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from accelmigrate.codemods import all_codemods
+from accelmigrate.codemods.script.plain_helpers import definitions
 from accelmigrate.engine.migrate import migrate_source
+from accelmigrate.engine.plain_inlining import without_runtime_imports
 
 from conftest import FIXTURES
 
@@ -65,3 +67,39 @@ def test_every_codemod_has_fixtures():
     for word in all_codemods():
         folder = FIXTURES / word
         assert folder.is_dir() and any(folder.glob("*.expected.py")), f"no fixture pairs for {word}"
+
+
+def runtime_cases():
+    for case in fixture_cases():
+        path = case.values[0]
+        expected = path.with_name(path.stem + ".expected.py")
+        if expected.exists() and "accelmigrate.runtime" in expected.read_text(encoding="utf-8"):
+            yield case
+
+
+@pytest.mark.parametrize("case", list(runtime_cases()))
+def test_fixture_pair_in_plain_code(case: Path):
+    """What `apply` writes by default: the expected output with the runtime's
+    helpers defined in the file. It parses, imports from the runtime only the
+    helpers that have no plain definition, those imported under another name
+    (the file has its own of that name) and those the case imported itself;
+    and a second run leaves it as it is (the codemods know the definitions)."""
+    source = case.read_text(encoding="utf-8")
+    plan = plan_for(case, source)
+    plain = without_runtime_imports(source, expected_for(case, source))
+    ast.parse(plain)
+    left = {name for name in runtime_names(plain) if name in definitions()} - set(runtime_names(source))
+    assert not left, f"still imported from the runtime: {sorted(left)}"
+    second = migrate_source(plain, plan, str(case))
+    assert without_runtime_imports(plain, second.code) == plain, "not idempotent in plain code"
+
+
+def runtime_names(code: str) -> list[str]:
+    """The names imported from the runtime as themselves (not `as` another)."""
+    return [
+        alias.name
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("accelmigrate.runtime")
+        for alias in node.names
+        if alias.asname in (None, alias.name)
+    ]

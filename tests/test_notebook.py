@@ -390,7 +390,7 @@ def test_new_imports_join_the_first_cells_imports_below_its_magics(tmp_path: Pat
     setup = "%matplotlib inline\nimport os\n\nimport torch\nfrom torch.utils.data import DataLoader, Dataset"
     on_gpu = LOOP.replace("torch.nn.Linear(1, 1)", "torch.nn.Linear(1, 1).cuda()")
     path = saved(tmp_path, notebook(code(lines(setup), 1), code(lines(DATASET), 2), code(lines(on_gpu), 3)))
-    result = process_file(str(path), [("device", {})], write=True)
+    result = process_file(str(path), [("device", {})], write=True, runtime=True)
     assert result.error is None and result.written
     cells = ["".join(cell["source"]) for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]]
     assert cells[0] == (
@@ -399,6 +399,21 @@ def test_new_imports_join_the_first_cells_imports_below_its_magics(tmp_path: Pat
     )
     assert cells[1] == DATASET
     assert "model = torch.nn.Linear(1, 1).to(device)" in cells[2]
+
+
+def test_plain_definitions_go_into_the_first_cell_after_its_imports(tmp_path: Path):
+    setup = "%matplotlib inline\nimport os\n\nimport torch\nfrom torch.utils.data import DataLoader, Dataset"
+    on_gpu = LOOP.replace("torch.nn.Linear(1, 1)", "torch.nn.Linear(1, 1).cuda()")
+    path = saved(tmp_path, notebook(code(lines(setup), 1), code(lines(DATASET), 2), code(lines(on_gpu), 3)))
+    result = process_file(str(path), [("device", {})], write=True)
+    assert result.error is None and result.written
+    cells = ["".join(cell["source"]) for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]]
+    assert cells[0].startswith(setup + "\n\n\ndef get_device():\n")
+    assert cells[0].endswith("return torch.device(\"cpu\")\n\n\ndevice = get_device()")
+    assert "accelmigrate" not in "".join(cells)
+    assert cells[1] == DATASET
+    again = process_file(str(path), [("device", {})], write=True)
+    assert again.error is None and not again.changed
 
 
 def test_the_pre_commit_hooks_run_on_notebooks_too():
@@ -563,7 +578,7 @@ def test_an_autocast_region_takes_in_only_statements_of_its_own_cell(tmp_path: P
     original = one_step_notebook()
     path = saved(tmp_path, original)
     plan = [("amp", {})]
-    result = process_file(str(path), plan, write=True)
+    result = process_file(str(path), plan, write=True, runtime=True)
     assert result.error is None and result.written
     migrated = sources(path)
     assert "".join(migrated[0]) == (

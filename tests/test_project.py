@@ -173,7 +173,7 @@ def test_a_device_every_caller_in_the_project_passes_is_a_fact_of_the_module(tmp
 def test_amp_in_a_loop_module_whose_optimizer_comes_from_the_caller_uses_the_optimizers_own_scaler(tmp_path):
     project = copy_of("fold_trainer", tmp_path)
     before = run_python(project / "train.py", cwd=project)
-    results = process_files([str(project / "train.py")], plan("amp"), jobs=1, follow_imports=True, write=True)
+    results = process_files([str(project / "train.py")], plan("amp"), jobs=1, follow_imports=True, write=True, runtime=True)  # ACCELMIGRATE_PRECISION
     engine_result = next(r for r in results if r.path.endswith("engine.py"))
     assert [f.code for f in engine_result.findings if not f.fixed] == []
     engine_code = (project / "engine.py").read_text()

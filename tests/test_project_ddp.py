@@ -35,7 +35,7 @@ def copy_to(folder: Path) -> Path:
 
 
 def migrated(folder: Path) -> Path:
-    done = invoke("apply", "--to", "ddp", "--no-cache", *SCRIPTS, cwd=copy_to(folder))
+    done = invoke("apply", "--to", "ddp", "--no-cache", "--runtime", *SCRIPTS, cwd=copy_to(folder))
     assert done.exit_code == 0, done.output
     return folder
 

@@ -217,11 +217,11 @@ def test_a_cached_migration_follows_the_first_party_layout(tmp_path: Path):
         folder.mkdir()
         (folder / "pyproject.toml").write_text("")
         (folder / "train.py").write_text(DEVICE_SCRIPT)
-    invoke("apply", "--diff", "--to", "device", "train.py", cwd=project)  # cached with zoo third party
+    invoke("apply", "--diff", "--to", "device", "--runtime", "train.py", cwd=project)  # cached with zoo third party
     for folder in (project, fresh):
         (folder / "zoo").mkdir()
-    invoke("apply", "--to", "device", "train.py", cwd=project)
-    invoke("apply", "--no-cache", "--to", "device", "train.py", cwd=fresh)
+    invoke("apply", "--to", "device", "--runtime", "train.py", cwd=project)
+    invoke("apply", "--no-cache", "--to", "device", "--runtime", "train.py", cwd=fresh)
     written = (project / "train.py").read_text()
     assert written == (fresh / "train.py").read_text()
     assert written.index("from accelmigrate.runtime.device import get_device") < written.index("import zoo")

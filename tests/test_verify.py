@@ -101,7 +101,7 @@ def test_accumulation_matches_the_big_batch_original(tmp_path):
 def test_bf16_autocast_is_compared_within_its_tolerance(tmp_path):
     script = copy_script(tmp_path, "amp_conv_onecycle.py")
     code, result = run_verify(
-        str(script), "--to", "amp", "--steps", "3", env={"ACCELMIGRATE_PRECISION": "bf16"}
+        str(script), "--to", "amp", "--steps", "3", "--runtime", env={"ACCELMIGRATE_PRECISION": "bf16"}
     )
     assert code == 0, result
     assert result["low_precision"] == ["bfloat16"]

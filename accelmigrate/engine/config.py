@@ -50,6 +50,7 @@ class Config:
     ignore: list[str] = dataclasses.field(default_factory=list)  # code prefixes never reported
     per_file_ignores: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # glob -> code prefixes
     respect_gitignore: bool = True  # a folder's walk leaves out what git ignores (accelmigrate/files/git_ignores.py)
+    runtime: bool = False  # migrated code imports the runtime's helpers instead of carrying plain ones (engine/plain_code.py)
 
     def codes(self) -> "CodeSelection":
         """The select/ignore settings, in a plain form worker processes can take."""
@@ -172,13 +173,14 @@ def read_config(pyproject: Path) -> Config:
         for glob, codes in check.table(section.get("per-file-ignores", {}), "[tool.accelmigrate] 'per-file-ignores'").items()
     }
     respect_gitignore = check.boolean(section.get("respect-gitignore", True), "[tool.accelmigrate] 'respect-gitignore'")
+    runtime = check.boolean(section.get("runtime", False), "[tool.accelmigrate] 'runtime'")
     return Config(
         pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool), select, ignore, per_file,
-        respect_gitignore,
+        respect_gitignore, runtime,
     )
 
 
-SECTION_KEYS = ("to", "exclude", "options", "select", "ignore", "per-file-ignores", "respect-gitignore")
+SECTION_KEYS = ("to", "exclude", "options", "select", "ignore", "per-file-ignores", "respect-gitignore", "runtime")
 
 
 class _ReadKeys(dict):

@@ -41,11 +41,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from accelmigrate.codemods import Finding, infos, load, resolve_infos
 from accelmigrate.codemods._finding import ALL_CODES, Suppressions
 from accelmigrate.codemods.script import project_facts
+from accelmigrate.codemods.script.plain_helpers import carried_lines
 from accelmigrate.codemods.script.precheck import SourceFacts, precheck
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.codemods.script.rules import words_that_may_apply
 from accelmigrate.engine.cache import Outcome, ResultCache
 from accelmigrate.engine.config import close_match
+from accelmigrate.engine import plain_code
 from accelmigrate.engine.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
 from accelmigrate.engine.import_order import first_party_layout, place_new_imports
 from accelmigrate.engine.line_map import in_original_lines, lines_of
@@ -231,7 +233,8 @@ class _FileSuppressions(dict):
 
 def suppressions_in(source: str, silenced: frozenset = frozenset()) -> Suppressions:
     """Lines carrying `# accelmigrate: skip` or `# accelmigrate: skip[CODE,...]`
-    (and, on every line, `skip-file[CODE,...]`'s codes and `silenced`)."""
+    (and, on every line, `skip-file[CODE,...]`'s codes and `silenced`), and
+    those of the plain definitions the file carries (plain_helpers.carried_lines)."""
     found: dict[int, Optional[frozenset]] = {}
     file_codes: set[str] = set()
     for mark in marks_in(source):
@@ -241,6 +244,8 @@ def suppressions_in(source: str, silenced: frozenset = frozenset()) -> Suppressi
             found[mark.line] = ALL_CODES
         elif found.get(mark.line, frozenset()) is not ALL_CODES:
             found[mark.line] = _MarkCodes.of(mark.codes)
+    for line in carried_lines(source):  # the runtime's helpers, written into the file
+        found[line] = ALL_CODES
     if file_codes or silenced:
         return _FileSuppressions(found, frozenset(silenced), _MarkCodes.of(file_codes) if file_codes else None)
     return found
@@ -890,6 +895,7 @@ def process_file(
     silenced: frozenset = frozenset(),
     covered: frozenset = frozenset(),
     project: ProjectFacts = NO_FACTS,
+    runtime: bool = False,
 ) -> FileResult:
     """One file, start to end. Whatever goes wrong becomes this file's error
     (never the run's end); the file is then never written. With a `cache`
@@ -897,12 +903,13 @@ def process_file(
     answered from it. Inserted code is fitted to `line_length` (None: black's
     configured length, else 88). `covered`: the files (resolved) migrated
     in the same run, whose training is not "elsewhere" (AM005); `project`:
-    what the project's other files tell about this one."""
+    what the project's other files tell about this one; `runtime`: the
+    migrated code imports the runtime's helpers (accelmigrate/engine/plain_code.py)."""
     try:
         source = read_source(Path(path))
     except InputError as error:
         return FileResult(path, error=str(error))
-    with project_facts.given(project):
+    with project_facts.given(project), plain_code.keeping_runtime(runtime):
         result = _process_source(path, source, plan, check_only, black_config, cache, line_length, silenced, covered)
     result.encoding, result.read_as = source.encoding, source.read_as
     if write and result.changed:
@@ -934,13 +941,15 @@ def process_text(
     black_config: Optional[Mapping] = None,
     line_length: Optional[int] = None,
     silenced: frozenset = frozenset(),
+    runtime: bool = False,
 ) -> FileResult:
     """What `process_file` makes of a file holding `text`, without reading or
     writing it (an editor's buffer, stdin): `result.migrated` is exactly the
     text `apply` would write. `path` names it in messages and decides whether
     it is a notebook. `silenced`: codes the codemods leave alone everywhere
     (`Config.codes().silenced(path, known_codes())`)."""
-    return _process_source(path, SourceText(text, "utf-8"), plan, check_only, black_config, None, line_length, silenced)
+    with plain_code.keeping_runtime(runtime):
+        return _process_source(path, SourceText(text, "utf-8"), plan, check_only, black_config, None, line_length, silenced)
 
 
 def _process_source(
@@ -1038,7 +1047,7 @@ def _outcome(
         migration = migrate_source(text, plan, path, check_only=check_only, silenced=silenced)
     except MigrationError as error:
         return Outcome(None, [], str(error))
-    migrated = migration.code
+    migrated = on_deep_stack(plain_code.as_configured, text, migration.code, line_length or configured_line_length(black_config or {}))
     if migrated == text:
         return Outcome(None, migration.findings)
     try:
@@ -1082,11 +1091,12 @@ def _notebook_outcome(
             for cell, why in notebook.unparsed
         ]
         migration = dataclasses.replace(migration, findings=sorted(migration.findings + unparsed)) if unparsed else migration
-        if migration.code == notebook.source:
-            return Outcome(None, migration.findings)
-        _ensure_parses(migration.code, path)
         length = line_length or configured_line_length(black_config or {})
-        fitted = _fitted(notebook.source, migration.code, path, None, length)  # black formats no cell markers
+        code = on_deep_stack(plain_code.as_configured, notebook.source, migration.code, length)
+        if code == notebook.source:
+            return Outcome(None, migration.findings)
+        _ensure_parses(code, path)
+        fitted = _fitted(notebook.source, code, path, None, length)  # black formats no cell markers
         return Outcome(notebook.with_source(fitted), migration.findings)
     except MigrationError as error:
         return Outcome(None, [], _in_notebook_terms(str(error), text))
@@ -1146,6 +1156,7 @@ def process_files(
     codes=None,
     follow_imports: bool = False,
     exclude: Sequence[str] = (),
+    runtime: bool = False,
 ) -> list[FileResult]:
     """Process many files, in worker processes when there are several; results
     come back in the order of `paths`. Before writing, temporary files that a
@@ -1176,10 +1187,10 @@ def process_files(
         own = [(word, options) for word, options in plan if word not in TRAINING_WORDS or word in kept] if path in project.without_training else plan
         key = repr(own)
         if key not in caches:
-            caches[key] = _open_cache(cache_folder, own, check_only, black_config, line_length)
+            caches[key] = _open_cache(cache_folder, own, check_only, black_config, line_length, runtime)
         kwargs = dict(
             check_only=check_only, black_config=black_config, cache=caches[key], line_length=line_length,
-            covered=project.covered, project=project.facts.get(path, NO_FACTS),
+            covered=project.covered, project=project.facts.get(path, NO_FACTS), runtime=runtime,
         )
         return own, ({**kwargs, "silenced": codes.silenced(path, known)} if codes is not None else kwargs)
 
@@ -1242,7 +1253,9 @@ def _refused_handoff(result: FileResult, readers: Mapping[str, frozenset]) -> bo
     return False
 
 
-def _open_cache(cache_folder: Optional[Path], plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int]) -> Optional[ResultCache]:
+def _open_cache(
+    cache_folder: Optional[Path], plan: Plan, check_only: bool, black_config: Optional[Mapping], line_length: Optional[int], runtime: bool
+) -> Optional[ResultCache]:
     if cache_folder is None:
         return None
     settings = {
@@ -1250,6 +1263,7 @@ def _open_cache(cache_folder: Optional[Path], plan: Plan, check_only: bool, blac
         "check": check_only,
         "black": black_config,
         "line_length": line_length,
+        "runtime": runtime,
     }
     return ResultCache.open(cache_folder, settings)
 

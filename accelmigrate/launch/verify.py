@@ -128,15 +128,17 @@ STATISTICS_NOTES = frozenset({"AM538", "AM614", "AM817", "AM917"})
 DRAW_NOTES = frozenset({"AM535", "AM816", "AM916"})
 
 
-def migrated_copy(script: Path, words_spec: Optional[str]) -> MigratedCopy:
+def migrated_copy(script: Path, words_spec: Optional[str], runtime: bool = False) -> MigratedCopy:
     """SCRIPT and its project migrated, nothing written: the words of --to,
-    else of `[tool.accelmigrate]`, with its options, as `apply` takes them."""
-    plan = plan_for(words_spec, config_for([str(script)]), DEFAULT_WORDS)
+    else of `[tool.accelmigrate]`, with its options, as `apply` takes them
+    (importing the runtime's helpers with `runtime`, or where the configuration says so)."""
+    config = config_for([str(script)])
+    plan = plan_for(words_spec, config, DEFAULT_WORDS)
     try:
         source = read_source(script)
     except InputError as error:
         raise VerifyError(str(error)) from None
-    results = process_files([str(script)], plan, jobs=1, follow_imports=True)
+    results = process_files([str(script)], plan, jobs=1, follow_imports=True, runtime=runtime or config.runtime)
     failed = next((r for r in results if r.error is not None), None)
     if failed is not None:
         raise VerifyError(failed.error)
@@ -263,9 +265,11 @@ def _number(value: Optional[float]) -> str:
 # --- the command --------------------------------------------------------------------
 
 
-def verify(script: Path, words_spec: Optional[str], steps: int, processes: int, script_args: Sequence[str], rtol: Optional[float]) -> dict:
+def verify(
+    script: Path, words_spec: Optional[str], steps: int, processes: int, script_args: Sequence[str], rtol: Optional[float], runtime: bool = False
+) -> dict:
     """Run both and compare; the result as a dict (also the JSON output)."""
-    copy = migrated_copy(script, words_spec)
+    copy = migrated_copy(script, words_spec, runtime)
     original, migrated_source, words = copy.original, copy.migrated, copy.words
     setup = setup_for(words, processes)
     if migrated_source.text == original.text and not copy.modules:
@@ -405,7 +409,8 @@ def _how(result: dict) -> str:
 @click.option("--rtol", type=float, default=None, help="Relative tolerance instead of the one the words call for.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-def verify_command(script, script_args, words, steps, processes, rtol, output_format, as_json):
+@click.option("--runtime", is_flag=True, help="Verify the copy `apply --runtime` writes (importing accelmigrate.runtime, whose ACCELMIGRATE_* switches then apply).")
+def verify_command(script, script_args, words, steps, processes, rtol, output_format, as_json, runtime):
     """Run SCRIPT and a migrated copy of it for K steps each, and compare.
 
     Exit 0 when they train the same, 1 when they part (the first such step is
@@ -415,7 +420,7 @@ def verify_command(script, script_args, words, steps, processes, rtol, output_fo
     require_torch("verify")
     try:
         with stop_on_signals():
-            result = verify(script, words, steps, processes, script_args, rtol)
+            result = verify(script, words, steps, processes, script_args, rtol, runtime)
     except VerifyError as error:
         click.echo(f"accelmigrate verify: {error}", err=True)
         sys.exit(EXIT_ERROR)

@@ -23,6 +23,7 @@ from typing import Iterator, Optional, Union
 import libcst as cst
 
 from .._syntax import children, dotted_name
+from .plain_helpers import runtime_name_of
 
 BUILTINS = frozenset(dir(builtins))
 COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -161,14 +162,18 @@ class Index:
     def definitions_of(self, name: str, scope: Scope) -> list[Binding]:
         """The `def` and `class` bindings among `bindings_of(name, scope)`:
         what a call of `name` may run, without a pass over a name's other
-        bindings at every call (a flat script rebinds `model` thousands of times)."""
+        bindings at every call (a flat script rebinds `model` thousands of times).
+        A runtime helper written into the file is none: it is the runtime's
+        function (`names_of` says so), not code of the script to follow."""
         home = self.home_of(name, scope)
         if home is None:
             return []
         key = (name, home)
         found = self._definitions.get(key)
         if found is None:
-            found = self._definitions[key] = [b for b in home.bindings[name] if b.kind in ("def", "class")]
+            found = self._definitions[key] = [
+                b for b in home.bindings[name] if b.kind in ("def", "class") and not (home.kind == "module" and runtime_name_of(b.node))
+            ]
         return found
 
     def names_of(self, name: str, scope: Scope) -> frozenset:
@@ -191,6 +196,9 @@ class Index:
                 found.add(self.reexports.get(binding.qualified, binding.qualified))
             else:
                 found.add(name if home.kind == "module" else f"{_prefix(home)}{name}")
+                helper = runtime_name_of(binding.node) if binding.kind == "def" and home.kind == "module" else None
+                if helper is not None:  # a runtime helper written into the file: known as the runtime's
+                    found.add(helper)
         return frozenset(found)
 
     def qualified_names(self, node: cst.CSTNode) -> frozenset:

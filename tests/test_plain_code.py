@@ -1,0 +1,193 @@
+"""Migrated code the user owns: by default the runtime's helpers are written
+into the migrated file as plain definitions (codemods/script/plain_definitions.py,
+accelmigrate/engine/plain_inlining.py), so that it runs where accelmigrate is
+not installed; `--runtime` (or `runtime = true`) keeps the imports.
+
+- each plain definition answers as the runtime's helper does on a CPU (the
+  `no_sync_unless` and `rank_local_buffers` ones on a real one-process gloo group);
+- `apply` writes plain code by default and the runtime's imports when asked;
+- bundled scripts migrated with `checklist,fast` run in an interpreter that
+  cannot import accelmigrate (no site processing: the editable install's
+  finder is absent, torch is on PYTHONPATH) and print the same final numbers
+  as the same migration with the runtime.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accelmigrate.codemods.script import plain_helpers
+from accelmigrate.runtime import batch, data, device, distributed, legacy, precision, speed
+
+from conftest import SCRIPTS, run_cli
+
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture(scope="module")
+def plain():
+    spec = importlib.util.spec_from_file_location("plain_definitions", plain_helpers.SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (*LAUNCH_VARIABLES, "ACCELMIGRATE_DEVICE", "ACCELMIGRATE_PRECISION", "ACCELMIGRATE_COMPILE", "ACCELMIGRATE_CHANNELS_LAST", "ACCELMIGRATE_FUSED"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_every_plain_definition_stands_for_a_runtime_function():
+    modules = {"data": data, "device": device, "distributed": distributed, "legacy": legacy, "precision": precision, "speed": speed, "batch": batch}
+    from accelmigrate.runtime import backend
+
+    modules["backend"] = backend
+    for definition in plain_helpers.definitions().values():
+        if definition.runtime is not None:
+            module, _, name = definition.runtime.rpartition(".")
+            assert callable(getattr(modules[module.rsplit(".", 1)[1]], name)), definition.runtime
+
+
+@pytest.mark.parametrize("launch", [{}, {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}])
+def test_workers_device_and_precision_answer_as_the_runtime(plain, clean_env, launch):
+    for name, value in launch.items():
+        clean_env.setenv(name, value)
+    for max_workers in (8, 1, None):
+        assert plain.default_num_workers(max_workers) == data.default_num_workers(max_workers)
+    assert plain.get_device() == device.get_device() == torch.device("cpu")
+    assert plain.device_at(3) == device.device_at(3)
+    assert plain.device_ids_for("cpu") is device.device_ids_for("cpu") is None
+    assert plain.default_backend() == "gloo"
+    for kind in ("cpu", "mps", "xpu"):
+        assert plain.autocast_dtype(kind) == precision.autocast_dtype(kind), kind
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert plain.grad_scaler("cpu", dtype).is_enabled() == precision.grad_scaler("cpu", dtype).is_enabled()
+    assert not plain.grad_scaler("cpu", torch.float16, enabled=False).is_enabled()
+
+
+def test_scalers_tensors_and_speed_gates_answer_as_the_runtime(plain, clean_env):
+    model = torch.nn.Conv2d(3, 4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = plain.scaler_for(optimizer, "cpu", torch.float16)
+    assert scaler is plain.scaler_for(optimizer, "cpu", torch.float16) and scaler.is_enabled()
+    assert not plain.scaler_for(None, "cpu", torch.float16).is_enabled()
+    values = [torch.ones(2, dtype=torch.bfloat16), (torch.ones(1, dtype=torch.float16),), torch.ones(1, dtype=torch.int64)]
+    for plain_value, runtime_value in zip(plain.full_precision(values), precision.full_precision(values)):
+        assert type(plain_value) is type(runtime_value)
+    assert plain.full_precision(values)[0].dtype == torch.float32
+    assert plain.tensor_type(torch.float32, "cpu") is legacy.tensor_type(torch.float32, "cpu") is torch.FloatTensor
+    images = torch.randn(2, 3, 8, 8)
+    assert plain.to_channels_last(model) is model and plain.to_channels_last(images) is images
+    assert plain.fused_on_cuda(model) is speed.fused_on_cuda(model) is False
+    assert plain.should_compile(model) is speed.should_compile(model) is False
+    wrapped = torch.nn.DataParallel(model)
+    assert plain.unwrap_model(wrapped) is distributed.unwrap_model(wrapped) is model
+    assert plain.ddp_device_ids(model) is distributed.ddp_device_ids(model) is None
+
+
+def test_tf32_is_set_as_the_runtime_sets_it(plain, clean_env):
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "ieee"
+        plain.use_tf32_matmul()
+        by_plain = matmul.fp32_precision
+        matmul.fp32_precision = "ieee"
+        speed.use_tf32_matmul()
+        assert by_plain == matmul.fp32_precision == "tf32"
+    finally:
+        matmul.fp32_precision = before
+
+
+def test_gradient_sync_and_buffer_keywords_on_a_real_process_group(plain, tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), **plain.rank_local_buffers())
+        assert plain.rank_local_buffers() == distributed.rank_local_buffers()
+        with plain.no_sync_unless(False, model):
+            assert not model.require_backward_grad_sync
+        assert model.require_backward_grad_sync
+        with plain.no_sync_unless(True, model):
+            assert model.require_backward_grad_sync
+        with plain.no_sync_unless(False, torch.nn.Linear(2, 2)):  # a module without gradient sync: nothing to turn off
+            pass
+    finally:
+        dist.destroy_process_group()
+
+
+SCRIPT = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=8)
+    model = torch.nn.Linear(4, 1).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "--runtime", "runtime = true"])
+def test_apply_writes_plain_code_unless_the_runtime_is_asked_for(tmp_path: Path, how: str):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    if how == "runtime = true":
+        (tmp_path / "pyproject.toml").write_text("[tool.accelmigrate]\nruntime = true\n")
+    applied = run_cli("apply", "--no-cache", "--to", "device,amp", str(script), *(["--runtime"] if how == "--runtime" else []), cwd=tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    migrated = script.read_text()
+    if how == "plain":
+        assert "accelmigrate" not in migrated
+        assert "def get_device():" in migrated and "def autocast_dtype(device):" in migrated
+        again = run_cli("apply", "--no-cache", "--to", "device,amp", str(script), cwd=tmp_path)
+        assert again.returncode == 0 and script.read_text() == migrated, "a second apply changed the plain code"
+    else:
+        assert "from accelmigrate.runtime.device import get_device" in migrated
+        assert "def get_device" not in migrated
+
+
+def run_without_accelmigrate(script: Path) -> subprocess.CompletedProcess:
+    """`python script` where accelmigrate cannot be imported: no site
+    processing (so no editable-install finder), torch and numpy on PYTHONPATH."""
+    site_packages = str(Path(torch.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": site_packages, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-S", str(script)], capture_output=True, text=True, env=env, cwd=script.parent, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["amp_conv_onecycle", "data_bound", "cuda_only"])
+def test_migrated_scripts_run_where_accelmigrate_is_not_installed(tmp_path: Path, name: str):
+    finals = {}
+    for mode in ("plain", "runtime"):
+        folder = tmp_path / mode
+        folder.mkdir()
+        script = folder / f"{name}.py"
+        script.write_text((SCRIPTS / f"{name}.py").read_text())
+        applied = run_cli("apply", "--no-cache", "--to", "checklist,fast", str(script), *(["--runtime"] if mode == "runtime" else []), cwd=folder)
+        assert applied.returncode == 0, applied.stderr
+        if mode == "plain":
+            assert "import accelmigrate" not in script.read_text() and "from accelmigrate" not in script.read_text()
+            ran = run_without_accelmigrate(script)
+        else:
+            ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=folder, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        finals[mode] = ran.stdout.strip().splitlines()[-1]
+    assert finals["plain"] == finals["runtime"]
