@@ -101,9 +101,10 @@ def test_without_fitting_the_migration_writes_the_long_lines_of_the_report():
 
 
 def test_inserted_and_rewritten_lines_fit_the_default_line_length(project: Path):
-    output = migrated(project, CLASSIFIER)
+    output = migrated(project, CLASSIFIER, runtime=True)  # the long runtime import too
     assert max(len(line) for line in output.splitlines()) <= 88
     assert "from accelmigrate.runtime.distributed import (\n    SeededDistributedSampler,\n" in output
+    assert max(len(line) for line in migrated(project, CLASSIFIER).splitlines()) <= 88  # and the plain definitions
     # the long DataLoader call is black's: one argument a line, a trailing comma, the file's quotes kept
     assert "    train_loader = DataLoader(\n        train_dataset,\n" in output
     assert "        sampler=SeededDistributedSampler(train_dataset, shuffle=True),\n        drop_last=True,\n" in output

@@ -4,7 +4,10 @@ accelmigrate/engine/plain_inlining.py), so that it runs where accelmigrate is
 not installed; `--runtime` (or `runtime = true`) keeps the imports.
 
 - each plain definition answers as the runtime's helper does on a CPU (the
-  `no_sync_unless` and `rank_local_buffers` ones on a real one-process gloo group);
+  `no_sync_unless` and `rank_local_buffers` ones on a real one-process gloo
+  group; the distributed ones in a world of one and as rank 1 of two, while
+  tests/test_ddp.py's launches run the plain code `apply --to ddp` writes on
+  two gloo processes and compare it with the one-process run);
 - `apply` writes plain code by default and the runtime's imports when asked;
 - bundled scripts migrated with `checklist,fast` run in an interpreter that
   cannot import accelmigrate (no site processing: the editable install's
@@ -12,6 +15,7 @@ not installed; `--runtime` (or `runtime = true`) keeps the imports.
   as the same migration with the runtime.
 """
 
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -23,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from accelmigrate.codemods.script import plain_helpers
-from accelmigrate.runtime import batch, data, device, distributed, legacy, precision, speed
+from accelmigrate.runtime import data, device, distributed, legacy, precision, speed
 
 from conftest import SCRIPTS, run_cli
 
@@ -46,14 +50,10 @@ def clean_env(monkeypatch):
 
 
 def test_every_plain_definition_stands_for_a_runtime_function():
-    modules = {"data": data, "device": device, "distributed": distributed, "legacy": legacy, "precision": precision, "speed": speed, "batch": batch}
-    from accelmigrate.runtime import backend
-
-    modules["backend"] = backend
     for definition in plain_helpers.definitions().values():
         if definition.runtime is not None:
             module, _, name = definition.runtime.rpartition(".")
-            assert callable(getattr(modules[module.rsplit(".", 1)[1]], name)), definition.runtime
+            assert callable(getattr(importlib.import_module(module), name)), definition.runtime
 
 
 @pytest.mark.parametrize("launch", [{}, {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}])
@@ -121,6 +121,48 @@ def test_gradient_sync_and_buffer_keywords_on_a_real_process_group(plain, tmp_pa
             pass
     finally:
         dist.destroy_process_group()
+
+
+def test_distributed_helpers_in_a_world_of_one_answer_as_the_runtime(plain, clean_env):
+    assert plain.world_size() == distributed.world_size() == 1
+    assert plain.is_main_process() and not plain.is_distributed() and not plain.init_distributed()
+    assert plain.per_process_batch_size(8) == 8
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        ours = list(plain.SeededDistributedSampler(data, shuffle=True))
+        torch.manual_seed(seed)
+        assert ours == list(distributed.SeededDistributedSampler(data, shuffle=True))
+    assert list(plain.SeededDistributedSampler(data)) == list(range(10))
+    assert plain.rank_zero_decides(1) is True
+    assert plain.sum_across_ranks(3) == 3 and plain.average_across_ranks(2.0, 4) == (2.0, 4)
+    batch = torch.arange(6)
+    assert plain.rank_share(batch) is batch
+    kwargs = plain.sharded_loader_kwargs(data, {"batch_size": 4, "shuffle": True})
+    assert kwargs["batch_size"] == 4 and isinstance(kwargs["sampler"], plain.SeededDistributedSampler) and "shuffle" not in kwargs
+    assert plain.NullWriter().add_scalar("loss", 1.0) is None
+    with plain.main_process_first():
+        plain.barrier()
+
+
+def test_distributed_helpers_of_the_second_of_two_processes_answer_as_the_runtime(plain, clean_env):
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}.items():
+        clean_env.setenv(name, value)
+    assert plain.world_size() == distributed.world_size() == 2
+    assert not plain.is_main_process() and not distributed.is_main_process()
+    assert plain.per_process_batch_size(8) == distributed.per_process_batch_size(8) == 4
+    with pytest.raises(ValueError):
+        plain.per_process_batch_size(7)
+    with pytest.raises(RuntimeError, match="has not joined"):
+        plain.is_distributed()
+    batch = torch.arange(8).reshape(4, 2)
+    assert torch.equal(plain.rank_share(batch), distributed.rank_share(batch))
+    assert plain.rank_share(torch.arange(3)).tolist() == distributed.rank_share(torch.arange(3)).tolist() == [0, 1, 2]
+    assert plain.rank_share(torch.arange(3), summed=True).tolist() == distributed.rank_share(torch.arange(3), summed=True).tolist()
+    torch.manual_seed(0)
+    ours = plain.draw_rank_share(torch.randn, 2, 3)
+    torch.manual_seed(0)
+    assert torch.equal(ours, distributed.draw_rank_share(torch.randn, 2, 3))
 
 
 SCRIPT = """import torch

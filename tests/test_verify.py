@@ -52,8 +52,8 @@ def plant(monkeypatch, change) -> None:
     """The migrated copy verify runs, changed by `change` (its text -> a new text)."""
     real = verify_module.migrated_copy
 
-    def planted(script, words_spec):
-        copy = real(script, words_spec)
+    def planted(script, words_spec, runtime=False):
+        copy = real(script, words_spec, runtime)
         code = change(copy.migrated.text)
         assert code != copy.migrated.text
         return dataclasses.replace(copy, migrated=SourceText(code, copy.migrated.encoding))

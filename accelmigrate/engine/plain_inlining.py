@@ -17,7 +17,7 @@ from typing import Optional
 
 import libcst as cst
 
-from accelmigrate.codemods.script.plain_helpers import Definition, closure, definitions, runtime_name_of
+from accelmigrate.codemods.script.plain_helpers import Definition, carried_definition, closure, definitions
 
 RUNTIME_PACKAGE = "accelmigrate.runtime"
 
@@ -31,7 +31,7 @@ def without_runtime_imports(original: str, migrated: str, line_length: int = 88)
     tree = cst.parse_module(migrated)
     before = _runtime_imports(cst.parse_module(original)) if RUNTIME_PACKAGE in original else set()
     carried = {name for name in map(_carried_name, tree.body) if name is not None}
-    bound = _module_bindings(tree) - carried
+    bound = _module_bindings(tree)
     nested = _NestedImports(before, bound, carried)
     tree = tree.visit(nested)
     body = _without_dropped(tree.body, lambda statement: _drop_plain_aliases(statement, before, bound, carried))
@@ -129,7 +129,7 @@ def _is_docstring(statement: cst.CSTNode) -> bool:
 
 def _carried_name(statement: cst.CSTNode) -> Optional[str]:
     """The name of a plain definition the file already carries, if `statement` is one."""
-    if runtime_name_of(statement) is not None:
+    if carried_definition(statement) is not None:
         return statement.name.value
     if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
         target = statement.body[0].targets[0].target
@@ -169,34 +169,48 @@ def _runtime_module(small: cst.CSTNode) -> Optional[str]:
     return module if module == RUNTIME_PACKAGE or module.startswith(RUNTIME_PACKAGE + ".") else None
 
 
-def _module_bindings(tree: cst.Module) -> set[str]:
-    """The names the file's top level binds (definitions, assignments, imports
-    other than the runtime's), which a definition written in must not take."""
-    names: set[str] = set()
+def _module_bindings(tree: cst.Module) -> dict[str, str]:
+    """The names the file's top level binds (definitions, assignments,
+    imports other than the runtime's), each with how: "import" for a plain
+    `import a.b` or `import a.b as c`, "other" for the rest. A definition
+    written in must take none of them, nor a module it uses one bound otherwise."""
+    names: dict[str, str] = {}
     for statement in tree.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            if runtime_name_of(statement) is None:
-                names.add(statement.name.value)
+            if carried_definition(statement) is None:
+                names[statement.name.value] = "other"
             continue
-        for node in _walk_targets(statement):
-            names.add(node)
+        for name, how in _walk_targets(statement):
+            names[name] = "other" if names.get(name, how) == "other" else how
     return names
 
 
 def _walk_targets(statement: cst.CSTNode):
-    """Names a top-level simple statement binds."""
+    """(name, how) for each name a top-level simple statement binds."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return
     for small in statement.body:
         if isinstance(small, (cst.Import, cst.ImportFrom)) and _runtime_module(small) is None:
             if not isinstance(small.names, cst.ImportStar):
                 for alias in small.names:
-                    yield (alias.evaluated_alias or alias.evaluated_name).split(".")[0]
+                    name = alias.evaluated_alias or alias.evaluated_name.split(".")[0]
+                    yield name, "import" if isinstance(small, cst.Import) else "other"
         elif isinstance(small, (cst.Assign, cst.AnnAssign)):
             targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
             for target in targets:
                 if isinstance(target, cst.Name):
-                    yield target.value
+                    yield target.value, "other"
+
+
+def _takes_a_bound_name(name: str, bound: dict[str, str], carried: set[str]) -> bool:
+    """Whether writing `name`'s definitions in would take a name the file
+    binds otherwise: theirs, or that of a module they use."""
+    for definition in closure([name]):
+        if definition.name in bound and definition.name not in carried:
+            return True
+        if any(bound.get(asname or module.split(".")[0]) == "other" for module, asname in definition.modules):
+            return True
+    return False
 
 
 def _drop_plain_aliases(statement, before, bound, carried) -> tuple[Optional[cst.CSTNode], list[str]]:
@@ -219,7 +233,7 @@ def _drop_plain_aliases(statement, before, bound, carried) -> tuple[Optional[cst
             and definition.runtime is not None
             and (alias.asname is None or alias.evaluated_alias == name)
             and (module == RUNTIME_PACKAGE or definition.runtime == f"{module}.{name}")
-            and not any(d.name in bound for d in closure([name]) if d.name not in carried)
+            and not _takes_a_bound_name(name, bound, carried)
         )
         (inlined if replaceable else kept).append(name if replaceable else alias)
     if not inlined:
@@ -287,18 +301,17 @@ def _with_imports(tree: cst.Module, written: list[Definition]) -> cst.Module:
     from libcst.codemod.visitors import AddImportsVisitor
 
     imported = {
-        alias.evaluated_name
+        (alias.evaluated_name, alias.evaluated_alias)
         for statement in tree.body
         if isinstance(statement, cst.SimpleStatementLine)
         for small in statement.body
         if isinstance(small, cst.Import)
         for alias in small.names
-        if alias.asname is None
     }
-    modules = sorted({m for d in written for m in d.modules} - imported)
+    modules = sorted({m for d in written for m in d.modules} - imported, key=str)
     if not modules:
         return tree
     context = CodemodContext()
-    for module in modules:
-        AddImportsVisitor.add_needed_import(context, module)
+    for module, asname in modules:
+        AddImportsVisitor.add_needed_import(context, module, asname=asname)
     return AddImportsVisitor(context).transform_module(tree)

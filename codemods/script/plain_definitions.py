@@ -16,13 +16,18 @@ is migrated once more.
 The lowest torch these run on is 2.3 (`torch.amp.GradScaler(device_type)`).
 """
 
+import atexit
 import contextlib
+import gc
 import importlib.util
 import inspect
+import multiprocessing
 import os
+import time
 import weakref
 
 import torch
+import torch.distributed as dist
 
 REPLACES = {
     "default_num_workers": "accelmigrate.runtime.data",
@@ -43,6 +48,24 @@ REPLACES = {
     "unwrap_model": "accelmigrate.runtime.distributed",
     "ddp_device_ids": "accelmigrate.runtime.distributed",
     "rank_local_buffers": "accelmigrate.runtime.distributed",
+    "world_size": "accelmigrate.runtime.distributed",
+    "is_main_process": "accelmigrate.runtime.distributed",
+    "is_distributed": "accelmigrate.runtime.distributed",
+    "init_distributed": "accelmigrate.runtime.distributed",
+    "destroy_distributed": "accelmigrate.runtime.distributed",
+    "per_process_batch_size": "accelmigrate.runtime.distributed",
+    "SeededDistributedSampler": "accelmigrate.runtime.distributed",
+    "barrier": "accelmigrate.runtime.distributed",
+    "main_process_first": "accelmigrate.runtime.distributed",
+    "rank_zero_decides": "accelmigrate.runtime.distributed",
+    "sum_across_ranks": "accelmigrate.runtime.distributed",
+    "average_across_ranks": "accelmigrate.runtime.distributed",
+    "draw_rank_share": "accelmigrate.runtime.distributed",
+    "set_loader_epoch": "accelmigrate.runtime.distributed",
+    "NullWriter": "accelmigrate.runtime.rank_zero",
+    "sum_gradients_across_ranks": "accelmigrate.runtime.gradients",
+    "rank_share": "accelmigrate.runtime.distributed",
+    "sharded_loader_kwargs": "accelmigrate.runtime.distributed",
 }
 
 
@@ -290,3 +313,280 @@ def rank_local_buffers():
         if "forward_sync_buffers" in accepted
         else {"broadcast_buffers": False}
     )
+
+
+def world_size():
+    """The number of processes torchrun started (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def is_main_process():
+    """True in the first process torchrun started (rank 0), and without torchrun."""
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def is_distributed():
+    """This process has joined the process group of its launch (init_distributed())."""
+    if dist.is_available() and dist.is_initialized():
+        return True
+    if world_size() > 1 and multiprocessing.parent_process() is None:
+        raise RuntimeError(
+            f"launched as {world_size()} processes, but this one has not joined their "
+            "process group: call init_distributed() at the start of the program"
+        )
+    return False
+
+
+def init_distributed():
+    """Join the process group torchrun set up (nccl on GPUs, gloo elsewhere), and leave
+    it at exit; True when there is one. A process of its own, or one that
+    multiprocessing started (a DataLoader worker), joins none.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return True
+    if world_size() <= 1 or multiprocessing.parent_process() is not None:
+        return False
+    dist.init_process_group("nccl" if get_device().type == "cuda" else "gloo")
+    atexit.register(destroy_distributed)
+    return True
+
+
+def destroy_distributed():
+    """Leave the process group while the interpreter is whole: gloo's threads free
+    DistributedDataParallel's finished collectives, and need the GIL for it first.
+    """
+    if dist.is_available() and dist.is_initialized():
+        gloo = dist.get_backend() == "gloo"
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
+        if gloo:
+            time.sleep(0.05)
+
+
+def per_process_batch_size(batch_size):
+    """This process's share of `batch_size`: together the processes still take the
+    whole batch a step, and the steps per epoch stay as they were.
+    """
+    if batch_size % world_size() != 0:
+        raise ValueError(
+            f"a batch of {batch_size} cannot be split evenly across {world_size()} "
+            "processes: choose a batch size they divide"
+        )
+    return batch_size // world_size()
+
+
+class SeededDistributedSampler(torch.utils.data.distributed.DistributedSampler):
+    """A DistributedSampler whose order is the one DataLoader(shuffle=True) drew from
+    the script's seed: rank 0's order, of which each process takes every
+    world-size-th index, so that the processes' batches of one step make up the batch
+    of the one-process run.
+    """
+
+    def __init__(self, dataset, shuffle=False, generator=None, drop_last=False):
+        rank = int(os.environ.get("RANK", 0))
+        super().__init__(
+            dataset, world_size(), rank, shuffle=shuffle, drop_last=drop_last
+        )
+        self.generator = generator
+
+    def __iter__(self):
+        if not self.shuffle:
+            return super().__iter__()
+        sampler = torch.utils.data.RandomSampler(self.dataset, generator=self.generator)
+        order = list(sampler)
+        if self.num_replicas == 1:
+            return iter(order)
+        if dist.is_initialized():
+            shared = torch.tensor(order, device=_collective_device())
+            dist.broadcast(shared, src=0)
+            order = shared.tolist()
+        if self.drop_last:
+            order = order[: self.total_size]
+        while len(order) < self.total_size:
+            order += order[: self.total_size - len(order)]
+        return iter(order[self.rank : self.total_size : self.num_replicas])
+
+
+def _collective_device():
+    """Where tensors for a collective live: the current GPU with nccl, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def barrier():
+    """Wait for every process (before reading a file rank 0 writes); every process must
+    call it.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def main_process_first():
+    """Rank 0 runs the block first (a download into a shared folder), then the first
+    process of each other machine, then the rest, who find the files there.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    turn = 0 if dist.get_rank() == 0 else 1 if local_rank == 0 else 2
+    for _ in range(turn):
+        dist.barrier()
+    yield
+    for _ in range(2 - turn):
+        dist.barrier()
+
+
+def rank_zero_decides(condition):
+    """Rank 0's truth value of `condition` on every process, so that all of them leave
+    a loop at once.
+    """
+    decision = bool(condition)
+    if dist.is_available() and dist.is_initialized():
+        flag = torch.tensor([int(decision)], device=_collective_device())
+        dist.broadcast(flag, src=0)
+        decision = bool(flag.item())
+    return decision
+
+
+def sum_across_ranks(*values):
+    """The sums over all processes of each value, in one all-reduce, each of its own
+    type (an int stays an int, a tensor a tensor); one value gives its sum.
+    """
+    summed = _across_ranks(values)
+    return summed[0] if len(summed) == 1 else tuple(summed)
+
+
+def average_across_ranks(*values):
+    """The means over all processes of each value (per-batch means of each process's
+    share, averaged into the one-process figure); one value gives its mean.
+    """
+    if dist.is_available() and dist.is_initialized():
+        values = [value / dist.get_world_size() for value in _across_ranks(values)]
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _across_ranks(values):
+    """The values summed over the processes, each kept in its own type."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(values)
+    parts = [
+        torch.as_tensor(value).detach().reshape(-1).to("cpu", torch.float64)
+        for value in values
+    ]
+    flat = torch.cat(parts).to(_collective_device())
+    dist.all_reduce(flat)
+    sums = flat.cpu().split([part.numel() for part in parts])
+    return [_like(value, total) for value, total in zip(values, sums)]
+
+
+def _like(value, total):
+    """`total` in the type of `value`."""
+    if isinstance(value, torch.Tensor):
+        return total.reshape(value.shape).to(dtype=value.dtype, device=value.device)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(round(total.item()))
+    return total.item()
+
+
+def draw_rank_share(draw, batch, *size, **kwargs):
+    """This process's rows of the random draw the one-process run made for its whole
+    batch (`draw(batch * world, ...)`, alike on every process): the rows of the
+    samples SeededDistributedSampler gives it.
+    """
+    if world_size() == 1:
+        return draw(batch, *size, **kwargs)
+    rank = int(os.environ.get("RANK", 0))
+    return draw(batch * world_size(), *size, **kwargs)[
+        rank :: world_size()
+    ].contiguous()
+
+
+def set_loader_epoch(loader, epoch):
+    """`loader.sampler.set_epoch(epoch)` where its sampler takes an epoch."""
+    sampler = getattr(loader, "sampler", None)
+    if callable(getattr(sampler, "set_epoch", None)):
+        sampler.set_epoch(epoch)
+
+
+class NullWriter:
+    """A writer that writes nothing (on the processes other than rank 0): every method
+    call returns None.
+    """
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return None
+
+
+def sum_gradients_across_ranks(model):
+    """Make a DistributedDataParallel `model` add up the processes' gradients instead of
+    averaging them, for a loss that sums over the batch; nothing for a bare model.
+    """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.register_comm_hook(model.process_group, _all_reduce_sum)
+
+
+def _all_reduce_sum(group, bucket):
+    """torch's default all-reduce hook without its division by the world size."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda done: done.value()[0])
+
+
+def rank_share(batch, summed=False):
+    """This process's rows (rank, rank + world, ...) of a batch drawn without a
+    DataLoader, item by item in a tuple, list or dict; the whole batch where its rows
+    do not divide evenly (unless the loss sums over it: `summed`), and in a world of
+    one.
+    """
+    world = world_size()
+    if world == 1:
+        return batch
+    if isinstance(batch, dict):
+        return type(batch)(
+            (key, rank_share(value, summed)) for key, value in batch.items()
+        )
+    if isinstance(batch, (tuple, list)):
+        shared = [rank_share(item, summed) for item in batch]
+        return (
+            type(batch)(*shared) if hasattr(batch, "_fields") else type(batch)(shared)
+        )
+    shape = getattr(batch, "shape", None)
+    is_array = isinstance(batch, torch.Tensor) or type(batch).__module__ == "numpy"
+    if not is_array or shape is None or len(shape) == 0:
+        return batch
+    if shape[0] % world != 0 and not summed:
+        return batch
+    share = batch[int(os.environ.get("RANK", 0)) :: world]
+    return share.contiguous() if isinstance(share, torch.Tensor) else share
+
+
+def sharded_loader_kwargs(dataset, kwargs, split_batch=True):
+    """A training DataLoader's keyword arguments for this process: `kwargs` with a
+    SeededDistributedSampler in place of `shuffle=` and, unless `split_batch` is
+    False, this process's share of `batch_size`.
+    """
+    for name in ("sampler", "batch_sampler"):
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"a training DataLoader given its own `{name}=`: each process must get "
+                "a different share of the data (see DistributedSampler)"
+            )
+    skipped = ("sampler", "batch_sampler", "shuffle")
+    sharded = {key: value for key, value in kwargs.items() if key not in skipped}
+    sharded["sampler"] = SeededDistributedSampler(
+        dataset, shuffle=bool(kwargs.get("shuffle")), generator=kwargs.get("generator")
+    )
+    if split_batch and kwargs.get("batch_size", 1) is not None:
+        sharded["batch_size"] = per_process_batch_size(kwargs.get("batch_size", 1))
+    return sharded

@@ -32,7 +32,7 @@ class Definition:
     name: str
     code: str
     needs: tuple[str, ...]  # the other definitions it uses, in the file's order
-    modules: tuple[str, ...]  # the modules to import for it (`os`, `importlib.util`)
+    modules: tuple[tuple[str, Optional[str]], ...]  # the imports it needs: (`os`, None), (`torch.distributed`, `dist`)
     runtime: Optional[str]  # the runtime function it stands for; None for a value
     docstring: Optional[str]  # its words, whitespace folded
 
@@ -45,13 +45,13 @@ def definitions() -> dict[str, Definition]:
 def _read() -> dict[str, Definition]:
     text = SOURCE.read_text(encoding="utf-8")
     tree = ast.parse(text)
-    imported: dict[str, str] = {}  # the name a module binds -> the module to import
+    imported: dict[str, tuple[str, Optional[str]]] = {}  # the name an import binds -> (module, asname)
     replaces: dict[str, str] = {}
     units: list[tuple[str, ast.stmt]] = []
     for statement in tree.body:
         if isinstance(statement, ast.Import):
             for alias in statement.names:
-                imported[(alias.asname or alias.name).split(".")[0]] = alias.name
+                imported[alias.asname or alias.name.split(".")[0]] = (alias.name, alias.asname)
         elif isinstance(statement, ast.Assign) and _target(statement) == "REPLACES":
             replaces = ast.literal_eval(statement.value)
         elif isinstance(statement, (ast.FunctionDef, ast.ClassDef, ast.Assign)):
@@ -102,17 +102,23 @@ def closure(names) -> list[Definition]:
 
 
 def runtime_name_of(node: cst.CSTNode) -> Optional[str]:
-    """The runtime function a file's definition stands for: a function with
-    the name and the docstring of one of the plain definitions."""
+    """The runtime function (or class) a file's definition stands for."""
+    definition = carried_definition(node)
+    return definition.runtime if definition is not None else None
+
+
+def carried_definition(node: cst.CSTNode) -> Optional[Definition]:
+    """The plain definition a file's function or class is: one with the name
+    and the docstring of a plain definition."""
     import libcst as cst  # loaded already wherever there is a tree to ask about
 
-    if not isinstance(node, cst.FunctionDef):
+    if not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
         return None
     definition = definitions().get(node.name.value)
-    if definition is None or definition.runtime is None:
+    if definition is None or definition.docstring is None:
         return None
     docstring = node.get_docstring(clean=True)
-    return definition.runtime if docstring is not None and _folded(docstring) == definition.docstring else None
+    return definition if docstring is not None and _folded(docstring) == definition.docstring else None
 
 
 def carried_lines(source: str) -> list[int]:
@@ -129,7 +135,7 @@ def carried_lines(source: str) -> list[int]:
     lines: list[int] = []
     for statement in tree.body:
         definition = known.get(getattr(statement, "name", ""))
-        if isinstance(statement, ast.FunctionDef) and definition is not None and definition.runtime is not None:
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef)) and definition is not None and definition.docstring:
             if _folded(ast.get_docstring(statement)) == definition.docstring:
                 first = statement.decorator_list[0].lineno if statement.decorator_list else statement.lineno
                 lines.extend(range(first, statement.end_lineno + 1))
