@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from accelmigrate.codemods import Finding, infos, load, resolve_infos
 from accelmigrate.codemods._finding import ALL_CODES, Suppressions
 from accelmigrate.codemods.script import project_facts
-from accelmigrate.codemods.script.plain_helpers import carried_lines
+from accelmigrate.codemods.script.plain_helpers import carried_lines, without_carried
 from accelmigrate.codemods.script.precheck import SourceFacts, precheck
 from accelmigrate.codemods.script.project_facts import NO_FACTS, ProjectFacts
 from accelmigrate.codemods.script.rules import words_that_may_apply
@@ -668,6 +668,7 @@ def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> 
     # A file the project pairs with another (a helper module whose output
     # becomes rank 0's) may need a word whose own triggers it lacks.
     paired = project_facts.current().pairs
+    source = without_carried(source)
     wanted = [(cls, options) for cls, options in _classes(plan) if cls.wants(source) or paired and cls.reads_handoffs]
     facts = _cpython_facts(source, path, walk=bool(wanted))
     if facts is None:

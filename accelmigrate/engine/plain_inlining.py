@@ -31,7 +31,7 @@ def without_runtime_imports(original: str, migrated: str, line_length: int = 88)
     tree = cst.parse_module(migrated)
     before = _runtime_imports(cst.parse_module(original)) if RUNTIME_PACKAGE in original else set()
     carried = {name for name in map(_carried_name, tree.body) if name is not None}
-    bound = _module_bindings(tree)
+    bound = {**_star_imported(tree), **_module_bindings(tree)}
     nested = _NestedImports(before, bound, carried)
     tree = tree.visit(nested)
     body = _without_dropped(tree.body, lambda statement: _drop_plain_aliases(statement, before, bound, carried))
@@ -183,6 +183,35 @@ def _module_bindings(tree: cst.Module) -> dict[str, str]:
         for name, how in _walk_targets(statement):
             names[name] = "other" if names.get(name, how) == "other" else how
     return names
+
+
+def _star_imported(tree: cst.Module) -> dict[str, str]:
+    """The module names the plain definitions use that the file reads without
+    binding them, behind a `from x import *` (`torch` through a project's
+    utils): importing one would change what the file's own uses of it mean
+    to the next run's analysis, so the definitions needing it are not written
+    (their runtime import stays)."""
+    stars = any(
+        isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
+        for statement in tree.body
+        if isinstance(statement, cst.SimpleStatementLine)
+        for small in statement.body
+    )
+    if not stars:
+        return {}
+    modules = {asname or module.split(".")[0] for d in definitions().values() for module, asname in d.modules}
+
+    class Reads(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.names: set[str] = set()
+
+        def visit_Name(self, node) -> None:
+            if node.value in modules:
+                self.names.add(node.value)
+
+    reads = Reads()
+    tree.visit(reads)
+    return dict.fromkeys(reads.names, "other")
 
 
 def _walk_targets(statement: cst.CSTNode):

@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 import libcst as cst
 
 from .._syntax import code_of, dotted_name, is_docstring, is_main_guard, walk
+from .plain_helpers import carried_definition
 from .positions import Lines
 from .scopes import Index, Scope, parameter_names, positional_parameters
 
@@ -106,14 +107,16 @@ class Flow:
         self.lines = lines
         self.functions: dict[cst.FunctionDef, Function] = {}
         self._instance_classes: dict[tuple[str, Scope], Optional[cst.ClassDef]] = {}
-        for scope in index.scopes:
+        # The runtime's helpers written into the file are the runtime's, not the file's own code.
+        own = [scope for scope in index.scopes if not _in_a_carried_definition(scope)]
+        for scope in own:
             if scope.kind == "function":
                 owner = scope.enclosing_class
                 function = Function(
                     scope.name, scope.node, scope, parameter_names(scope.node), lines, owner.name if owner else None
                 )
                 self.functions[scope.node] = function
-        for scope in index.scopes:
+        for scope in own:
             for call in scope.calls:
                 self._record_call(call, scope)
 
@@ -291,3 +294,11 @@ def calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
 
 
 __all__ = ["CallSite", "EntryPoint", "Flow", "Function", "calls_in", "only_imports"]
+
+
+def _in_a_carried_definition(scope: Scope) -> bool:
+    """Whether `scope` is (or is inside) a plain definition of the runtime's
+    helpers that the file carries (codemods/script/plain_helpers.py)."""
+    while scope.parent is not None and scope.parent.kind != "module":
+        scope = scope.parent
+    return scope.kind != "module" and carried_definition(scope.node) is not None

@@ -176,18 +176,16 @@ def grad_scaler(device, dtype, enabled=True, **options):
     )
 
 
-_SCALERS = weakref.WeakKeyDictionary()
-
-
 def scaler_for(optimizer, device, dtype, enabled=True, **options):
     """`optimizer`'s one GradScaler, made at the first call, so that the loss scale
     carries over from one call to the next.
     """
     if optimizer is None:
         return grad_scaler(device, dtype, enabled=False)
-    if optimizer not in _SCALERS:
-        _SCALERS[optimizer] = grad_scaler(device, dtype, enabled, **options)
-    return _SCALERS[optimizer]
+    scalers = scaler_for.__dict__.setdefault("scalers", weakref.WeakKeyDictionary())
+    if optimizer not in scalers:
+        scalers[optimizer] = grad_scaler(device, dtype, enabled, **options)
+    return scalers[optimizer]
 
 
 def full_precision(value):

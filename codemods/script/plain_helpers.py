@@ -140,3 +140,14 @@ def carried_lines(source: str) -> list[int]:
                 first = statement.decorator_list[0].lineno if statement.decorator_list else statement.lineno
                 lines.extend(range(first, statement.end_lineno + 1))
     return lines
+
+
+def without_carried(source: str) -> str:
+    """`source` with the lines of its plain definitions left empty (the line
+    numbers kept): what the pre-checks read, so that a definition's own words
+    (`cuda`, `DataLoader`) wake no codemod on a second run that the first
+    run's file did not."""
+    lines = set(carried_lines(source))
+    if not lines:
+        return source
+    return "".join("\n" if number in lines else line for number, line in enumerate(source.splitlines(keepends=True), 1))
