@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from accelmigrate.codemods.script import plain_helpers
+from accelmigrate.engine.plain_inlining import without_runtime_imports
 from accelmigrate.runtime import data, device, distributed, legacy, precision, speed
 
 from conftest import SCRIPTS, run_cli
@@ -163,6 +164,14 @@ def test_distributed_helpers_of_the_second_of_two_processes_answer_as_the_runtim
     ours = plain.draw_rank_share(torch.randn, 2, 3)
     torch.manual_seed(0)
     assert torch.equal(ours, distributed.draw_rank_share(torch.randn, 2, 3))
+
+
+def test_a_file_that_reads_torch_through_a_star_import_keeps_its_runtime_imports():
+    original = "from utils import *\n\nmodel = torch.nn.Linear(2, 2).cuda()\n"
+    migrated = "from accelmigrate.runtime.device import get_device\nfrom utils import *\n\ndevice = get_device()\nmodel = torch.nn.Linear(2, 2).to(device)\n"
+    assert without_runtime_imports(original, migrated) == migrated
+    own_torch = "import torch\n" + migrated
+    assert "def get_device():" in without_runtime_imports("import torch\n" + original, own_torch)
 
 
 SCRIPT = """import torch
