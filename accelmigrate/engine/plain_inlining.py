@@ -30,7 +30,7 @@ def without_runtime_imports(original: str, migrated: str, line_length: int = 88)
         return migrated
     tree = cst.parse_module(migrated)
     before = _runtime_imports(cst.parse_module(original)) if RUNTIME_PACKAGE in original else set()
-    carried = {name for name in map(_carried_name, tree.body) if name is not None}
+    carried = {statement.name.value for statement in tree.body if carried_definition(statement) is not None}
     bound = {**_star_imported(tree), **_module_bindings(tree)}
     nested = _NestedImports(before, bound, carried)
     tree = tree.visit(nested)
@@ -125,18 +125,6 @@ def _is_docstring(statement: cst.CSTNode) -> bool:
         and isinstance(statement.body[0], cst.Expr)
         and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
-
-
-def _carried_name(statement: cst.CSTNode) -> Optional[str]:
-    """The name of a plain definition the file already carries, if `statement` is one."""
-    if carried_definition(statement) is not None:
-        return statement.name.value
-    if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Assign):
-        target = statement.body[0].targets[0].target
-        definition = definitions().get(target.value) if isinstance(target, cst.Name) else None
-        if definition is not None and definition.runtime is None:
-            return definition.name if cst.Module([statement]).code.strip() == definition.code.strip() else None
-    return None
 
 
 def _runtime_imports(tree: cst.Module) -> set[tuple[str, str]]:

@@ -26,14 +26,13 @@ SOURCE = Path(__file__).with_name("plain_definitions.py")
 
 @dataclasses.dataclass(frozen=True)
 class Definition:
-    """One top-level statement of plain_definitions.py (a function, or a
-    module-level value a function keeps state in)."""
+    """One function or class of plain_definitions.py."""
 
     name: str
     code: str
     needs: tuple[str, ...]  # the other definitions it uses, in the file's order
     modules: tuple[tuple[str, Optional[str]], ...]  # the imports it needs: (`os`, None), (`torch.distributed`, `dist`)
-    runtime: Optional[str]  # the runtime function it stands for; None for a value
+    runtime: Optional[str]  # the runtime function it stands for; None for a private helper of the others
     docstring: Optional[str]  # its words, whitespace folded
 
 
@@ -54,20 +53,19 @@ def _read() -> dict[str, Definition]:
                 imported[alias.asname or alias.name.split(".")[0]] = (alias.name, alias.asname)
         elif isinstance(statement, ast.Assign) and _target(statement) == "REPLACES":
             replaces = ast.literal_eval(statement.value)
-        elif isinstance(statement, (ast.FunctionDef, ast.ClassDef, ast.Assign)):
-            units.append((statement.name if not isinstance(statement, ast.Assign) else _target(statement), statement))
+        elif isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+            units.append((statement.name, statement))
     names = [name for name, _ in units]
     found = {}
     for name, statement in units:
         used = {node.id for node in ast.walk(statement) if isinstance(node, ast.Name)}
-        docstring = ast.get_docstring(statement) if not isinstance(statement, ast.Assign) else None
         found[name] = Definition(
             name,
             _code(text, statement),
             tuple(other for other in names if other != name and other in used),
             tuple(sorted(imported[n] for n in used if n in imported)),
             f"{replaces[name]}.{name}" if name in replaces else None,
-            _folded(docstring),
+            _folded(ast.get_docstring(statement)),
         )
     return found
 
@@ -121,17 +119,19 @@ def carried_definition(node: cst.CSTNode) -> Optional[Definition]:
     return definition if docstring is not None and _folded(docstring) == definition.docstring else None
 
 
-def carried_lines(source: str) -> list[int]:
+@functools.lru_cache(maxsize=16)
+def carried_lines(source: str) -> tuple[int, ...]:
     """The lines of the plain definitions `source` carries (found again by
     name and docstring), which no codemod rewrites: they are written for
-    every device and launch already."""
+    every device and launch already. Asked for the pre-check and for the
+    suppressions of the same text: kept for a few texts."""
     known = definitions()
-    if not any(f"def {name}(" in source for name in known):
-        return []
+    if not any(f"def {name}(" in source or f"class {name}(" in source for name in known):
+        return ()
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return []
+        return ()
     lines: list[int] = []
     for statement in tree.body:
         definition = known.get(getattr(statement, "name", ""))
@@ -139,7 +139,7 @@ def carried_lines(source: str) -> list[int]:
             if _folded(ast.get_docstring(statement)) == definition.docstring:
                 first = statement.decorator_list[0].lineno if statement.decorator_list else statement.lineno
                 lines.extend(range(first, statement.end_lineno + 1))
-    return lines
+    return tuple(lines)
 
 
 def without_carried(source: str) -> str:
