@@ -119,6 +119,7 @@ class CodemodInfo:
         self.notes = frozenset(entry["notes"])
         self.reads_handoffs = bool(entry.get("reads_handoffs", False))
         self.handed_to: Mapping[str, Sequence[str]] = dict(entry.get("handed_to", {}))
+        self.needs_torch: tuple[int, int] = tuple(entry["needs_torch"])
 
     def check_options(self, options: Mapping[str, str]) -> None:
         _options.check(self.word, options)

@@ -50,6 +50,7 @@ def _script_model(wrapper):
 
 from ._finding import ALL_CODES, Finding, Suppressions  # noqa: E402 (re-exported: defined without LibCST)
 from . import _options  # noqa: E402
+from accelmigrate.project.torch_version import LOWEST_SUPPORTED  # noqa: E402
 
 _NO_DEFAULT = object()
 
@@ -85,6 +86,9 @@ class Codemod(cst.CSTTransformer):
     # Where one of them runs in the same plan, the finding is not reported
     # (that word makes the change, or says why not, itself).
     handed_to: ClassVar[Mapping[str, Sequence[str]]] = {}
+    # The oldest torch the code it writes runs on (accelmigrate/project/torch_version.py):
+    # in a project confined to an older one, the word is left out, with AM008.
+    needs_torch: ClassVar[tuple[int, int]] = LOWEST_SUPPORTED
 
     # True for a codemod that records every finding and fix while it plans,
     # in visit_Module (or later, in leave_Module), and rewrites only what it

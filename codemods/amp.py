@@ -405,7 +405,7 @@ class Amp(Bindings, Passed, Received, Regions, Apex, Evaluation, Checkpoints, De
         self.check_backwards(unit, backwards)
         device = self.device_at(backwards[0].statement)
         if device is None:
-            raise Problem(first, "AM413", "no device binding in reach of this training step (autocast needs device.type): bind `device = get_device()` (accelmigrate.runtime.device), move the model and the batches there with `.to(device)`, and run again (`--to device` does it for a script written for CUDA)")
+            raise Problem(first, "AM413", "no device binding in reach of this training step (autocast needs device.type): bind `device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")`, move the model and the batches there with `.to(device)`, and run again (`--to device` does it for a script written for CUDA)")
         regions = []
         for backward in backwards:
             region = self.region_for(backward)

@@ -191,6 +191,7 @@ def _string_index(subscript: cst.Subscript) -> Optional[str]:
 
 class BatchScale(Codemod):
     word = "batch-scale"
+    needs_torch = (0, 0)  # numbers only
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "multiply the training batch size and the learning rate by K (--to batch-scale=K)"
     codes = {

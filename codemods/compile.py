@@ -83,6 +83,7 @@ DISTRIBUTED_RUNTIME = "accelmigrate.runtime.distributed"
 
 class Compile(InsertingCodemod):
     word = "compile"
+    needs_torch = (2, 0)  # torch.compile
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "torch.compile on each trained model after placement and DDP (on CUDA), checkpoints from the uncompiled module"
     codes = {

@@ -58,6 +58,7 @@ VARYING_BATCHES = ("collate_fn", "batch_sampler")
 
 class CudnnBenchmark(InsertingCodemod):
     word = "cudnn-benchmark"
+    needs_torch = (0, 0)  # torch.backends.cudnn.benchmark
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "torch.backends.cudnn.benchmark = True at the start, for conv nets with inputs of fixed shape"
     codes = {

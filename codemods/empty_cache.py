@@ -50,6 +50,7 @@ from .script.vocabulary import EMPTY_CACHE
 
 class EmptyCache(Codemod):
     word = "empty-cache"
+    needs_torch = (0, 0)  # it only removes calls
     summary = "remove torch.cuda.empty_cache() from loop bodies (a device sync every iteration)"
     codes = {
         "AM210": "torch.cuda.empty_cache() in a loop body synchronises the device every iteration",

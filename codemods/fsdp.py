@@ -97,6 +97,7 @@ DDP_ONLY_CODES = frozenset({"AM503"})
 
 class FullyShardedCodemod(ShardedCheckpoints, DistributedDataParallelCodemod):
     word = "fsdp"
+    needs_torch = (2, 6)  # fully_shard in torch.distributed.fsdp
     reads_handoffs = False  # a sharded model handed to another module's loop: not yet
     excludes = ("ddp",)  # one wrapper of the model: FSDP or DDP (AM767)
     summary = "one process -> FSDP2: the model sharded across processes, DistributedSampler, rank-0 output, gathered checkpoints"

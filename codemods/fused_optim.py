@@ -58,6 +58,7 @@ EXCLUSIVE = ("fused", "foreach", "differentiable")
 
 class FusedOptim(Codemod):
     word = "fused-optim"
+    needs_torch = (2, 3)  # fused= for SGD
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "fused=True for Adam, AdamW and SGD where the parameters are on CUDA (fused_on_cuda)"
     codes = {

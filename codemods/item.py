@@ -82,6 +82,7 @@ from .script.item_facts import item_facts
 
 class Item(Codemod):
     word = "item"
+    needs_torch = (0, 4)  # Tensor.item()
     summary = "store loss.item() / loss.detach(), not the loss and its graph, across iterations"
     codes = {
         "AM201": "loss kept across iterations with its autograd graph, later read only as a number: store .item()",

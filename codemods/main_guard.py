@@ -116,6 +116,7 @@ from ._main_guard.statements import RUNS
 
 class MainGuard(Codemod):
     word = "main-guard"
+    needs_torch = (0, 0)  # plain Python
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = 'flat scripts: the code that runs at import goes under `if __name__ == "__main__":` (spawned workers re-import the file)'
     codes = {

@@ -110,6 +110,7 @@ from ._modernize.variables import VariablePlans
 
 class Modernize(DataIndexPlans, VariablePlans, LossArgumentPlans, InitNamePlans, BackwardArgumentPlans, ApexAmpPlans, Planning):
     word = "modernize"
+    needs_torch = (0, 4)  # the 0.4 spellings
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "rewrite pre-0.4 idioms that fail today: loss.data[0], Variable(...), volatile=True, size_average"
     codes = {

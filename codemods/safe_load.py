@@ -50,6 +50,7 @@ from .script.uses import uses_of
 
 class SafeLoad(Codemod):
     word = "safe-load"
+    needs_torch = (1, 13)  # torch.load(weights_only=)
     plans_in_visit_module = True  # see Codemod: its walk is skipped where it fixes nothing
     summary = "torch.load(..., weights_only=True) where what is loaded is a state dict"
     codes = {

@@ -77,7 +77,7 @@ class Tf32(InsertingCodemod):
             return
         start = script_start(self.script)
         if start is None:
-            self.report(steps[0].backward, "AM711", "no entry point here: call `use_tf32_matmul()` (accelmigrate.runtime.speed) once where the script starts")
+            self.report(steps[0].backward, "AM711", "no entry point here: set `torch.backends.cuda.matmul.allow_tf32 = True` once where the script starts")
             return
         if self.fix(start.statement, "AM710", "`use_tf32_matmul()` where the script starts: TF32 matmuls on CUDA (ACCELMIGRATE_TF32=0 keeps float32)"):
             self.inserts.add_before(start.statement, "use_tf32_matmul()")

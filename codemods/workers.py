@@ -165,6 +165,7 @@ HELPER = "default_num_workers"
 
 class Workers(LoaderHazards):
     word = "workers"
+    needs_torch = (1, 7)  # persistent_workers=
     summary = "DataLoader: worker processes sized to this process's cores, pinned memory"
     codes = {
         "AM101": "DataLoader without worker processes or pinned memory",

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from accelmigrate.codemods.script.plain_definitions import _blocks_of as blocks_of  # the modules of nn.ModuleLists, outermost first
+
 from .distributed import is_distributed, is_main_process, unwrap_model
 
 
@@ -43,20 +45,6 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
         fully_shard(block)
     fully_shard(bare)
     return model
-
-
-def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules held in an `nn.ModuleList` that have parameters of their
-    own, outermost first: sharding each separately gathers one block at a
-    time instead of the whole model."""
-    found, inside = [], set()
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList):
-            for block in module:
-                if id(block) not in inside and any(True for _ in block.parameters()):
-                    found.append(block)
-                    inside.update(id(m) for m in block.modules())
-    return found
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

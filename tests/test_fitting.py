@@ -4,6 +4,8 @@ not format too, touching nothing else; new imports in their isort sections,
 so that `ruff check --select I` passes on the output where it passed on the input."""
 
 import ast
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from accelmigrate.engine.formatting import fit_changed_statements, project_line_length
+from accelmigrate.engine.formatting import fit_changed_statements, parenthesized_long_tuples, project_line_length, project_python
 from accelmigrate.engine.import_order import place_new_imports
 from accelmigrate.engine.migrate import process_file
+
+from conftest import FIXTURES, run_cli
 
 # Not black-formatted: single quotes, a hand-aligned call, two-argument lines.
 # Only its DataLoader line is longer than 88 characters.
@@ -301,3 +305,58 @@ def test_a_file_above_the_black_check_limit_is_fitted_without_black_over_it(monk
     assert formatting.is_black_formatted(source, {})
     monkeypatch.setattr(formatting, "BLACK_CHECK_LIMIT", len(source) - 1)
     assert not formatting.is_black_formatted(source, {})
+
+
+def ruff_failures(folder: Path) -> tuple[set[str], set[str]]:
+    """The files of FOLDER that `ruff check --select I` and `ruff format --check`
+    fail, each run with ruff's defaults (not this repository's settings)."""
+    names = sorted(path.name for path in folder.glob("*.py"))
+    checked = ruff("check", "--isolated", "--no-cache", "--select", "I", "--output-format", "json", *names, cwd=folder)
+    unsorted = {Path(entry["filename"]).name for entry in json.loads(checked.stdout or "[]")}
+    formatted = ruff("format", "--isolated", "--no-cache", "--check", *names, cwd=folder)
+    # each file it would change is named ("Would reformat: a.py", or "--> a.py:3:1" in later versions)
+    unformatted = {name for name in names if re.search(rf"(?<![\w./-]){re.escape(name)}\b", formatted.stdout)}
+    return unsorted, unformatted
+
+
+WORDS = sorted(folder.name for folder in FIXTURES.iterdir() if folder.is_dir() and folder.name not in ("projects", "scripts", "script"))
+
+
+@pytest.mark.parametrize("word", WORDS)
+def test_migrated_fixtures_pass_ruffs_import_and_format_checks_where_their_input_did(tmp_path: Path, word: str):
+    """Every fixture input of a word migrated as `apply --to WORD` writes it
+    (plain code): a file whose imports were in isort's order, or that `ruff
+    format --check` passed, still passes after migration."""
+    folder = tmp_path / f"cases_of_{word.replace('-', '_')}"  # a folder named `accelerate` would make that import first party
+    folder.mkdir()
+    for case in (FIXTURES / word).glob("*.py"):
+        if not case.name.endswith(".expected.py"):
+            shutil.copy(case, folder / case.name)
+    unsorted, unformatted = ruff_failures(folder)
+    run_cli("apply", "--no-cache", "--to", word, ".", cwd=folder)
+    unsorted_after, unformatted_after = ruff_failures(folder)
+    assert unsorted_after <= unsorted, f"imports out of isort's order after --to {word}: {sorted(unsorted_after - unsorted)}"
+    assert unformatted_after <= unformatted, f"no longer ruff-formatted after --to {word}: {sorted(unformatted_after - unformatted)}"
+
+
+def test_a_long_rewritten_tuple_assignment_is_split_one_item_a_line_as_ruff_splits_it():
+    import black
+
+    original = "def step(inputs, labels):\n    inputs, labels = inputs.cuda(), labels.cuda()\n    return inputs, labels\n"
+    grown = original.replace("inputs.cuda(), labels.cuda()", "inputs.to(accelerator.device), labels.to(accelerator.device)")
+    wrapped = parenthesized_long_tuples(original, grown, 60)
+    assert "inputs, labels = (inputs.to(accelerator.device), labels.to(accelerator.device))" in wrapped
+    assert "return inputs, labels\n" in wrapped, "an unchanged line stays as written"
+    assert parenthesized_long_tuples(original, grown, 88) == grown, "a line that fits stays as written"
+    assert black.format_str(wrapped, mode=black.Mode(line_length=60)) == (  # one item a line, as ruff writes it
+        "def step(inputs, labels):\n"
+        "    inputs, labels = (\n        inputs.to(accelerator.device),\n        labels.to(accelerator.device),\n    )\n"
+        "    return inputs, labels\n"
+    )
+
+
+def test_the_python_a_project_targets_comes_from_black_ruff_or_requires_python():
+    assert project_python({"tool": {"black": {"target-version": ["py38"]}, "ruff": {"target-version": "py311"}}}) == ["py38"]
+    assert project_python({"tool": {"ruff": {"target-version": "py311"}}}) == ["py311"]
+    assert project_python({"project": {"requires-python": ">=3.10"}})[0] == "py310"
+    assert project_python({}) is None

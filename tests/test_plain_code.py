@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from accelmigrate.codemods.script import plain_helpers
 from accelmigrate.engine.plain_inlining import without_runtime_imports
-from accelmigrate.runtime import data, device, distributed, legacy, precision, speed
+from accelmigrate.runtime import data, device, distributed, legacy, precision, sharding, speed
 
 from conftest import SCRIPTS, run_cli
 
@@ -80,6 +80,9 @@ def test_scalers_tensors_and_speed_gates_answer_as_the_runtime(plain, clean_env)
     scaler = plain.scaler_for(optimizer, "cpu", torch.float16)
     assert scaler is plain.scaler_for(optimizer, "cpu", torch.float16) and scaler.is_enabled()
     assert not plain.scaler_for(None, "cpu", torch.float16).is_enabled()
+    # torch.cuda.amp's GradScaler, for a project on a torch before 2.3: scaling on CUDA float16 only
+    older = plain.grad_scaler_before_2_3
+    assert not older("cpu", torch.float16).is_enabled() and not older("cuda", torch.bfloat16).is_enabled()
     values = [torch.ones(2, dtype=torch.bfloat16), (torch.ones(1, dtype=torch.float16),), torch.ones(1, dtype=torch.int64)]
     for plain_value, runtime_value in zip(plain.full_precision(values), precision.full_precision(values)):
         assert type(plain_value) is type(runtime_value)
@@ -144,6 +147,20 @@ def test_distributed_helpers_in_a_world_of_one_answer_as_the_runtime(plain, clea
     assert plain.NullWriter().add_scalar("loss", 1.0) is None
     with plain.main_process_first():
         plain.barrier()
+
+
+def test_sharding_helpers_in_a_world_of_one_answer_as_the_runtime(plain, clean_env, tmp_path):
+    """(tests/test_fsdp.py launches the plain code `apply --to fsdp` writes on two gloo processes.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(3, 3)]), torch.nn.Linear(3, 1))
+    assert plain.shard_model(model) is model is sharding.shard_model(model)
+    assert [id(b) for b in plain._blocks_of(model)] == [id(b) for b in sharding.blocks_of(model)] == [id(model[0][0])]
+    state = plain.full_state_dict(torch.compile(model, backend="eager"))
+    assert sorted(state) == sorted(sharding.full_state_dict(model)) == sorted(model.state_dict())
+    plain.save_full_state_dict(model, tmp_path / "model.pt")
+    other = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(3, 3)]), torch.nn.Linear(3, 1))
+    plain.load_full_state_dict(other, torch.load(tmp_path / "model.pt"))
+    assert all(torch.equal(a, b) for a, b in zip(other.state_dict().values(), model.state_dict().values()))
 
 
 def test_distributed_helpers_of_the_second_of_two_processes_answer_as_the_runtime(plain, clean_env):

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Collection, Mapping, Optional, Sequence
 
-from accelmigrate.engine.formatting import project_line_length
+from accelmigrate.engine.formatting import project_line_length, project_python
 
 try:
     import tomllib
@@ -44,7 +44,7 @@ class Config:
     to: Optional[list[str]] = None
     exclude: list[str] = dataclasses.field(default_factory=list)
     options: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
-    black: dict = dataclasses.field(default_factory=dict)  # [tool.black], for formatting output
+    black: dict = dataclasses.field(default_factory=dict)  # [tool.black], for formatting output (its target-version: else ruff's, else requires-python)
     line_length: Optional[int] = None  # black's `line-length`, else ruff's: where inserted code is wrapped
     select: Optional[list[str]] = None  # code prefixes to report (None: every code)
     ignore: list[str] = dataclasses.field(default_factory=list)  # code prefixes never reported
@@ -174,8 +174,12 @@ def read_config(pyproject: Path) -> Config:
     }
     respect_gitignore = check.boolean(section.get("respect-gitignore", True), "[tool.accelmigrate] 'respect-gitignore'")
     runtime = check.boolean(section.get("runtime", False), "[tool.accelmigrate] 'runtime'")
+    black = check.black(tool.get("black", {}))
+    python = project_python(data)
+    if python and "target-version" not in black and "target_version" not in black:
+        black["target-version"] = python  # ruff's target or requires-python: what inserted code may use
     return Config(
-        pyproject, to, exclude, options, check.black(tool.get("black", {})), project_line_length(tool), select, ignore, per_file,
+        pyproject, to, exclude, options, black, project_line_length(tool), select, ignore, per_file,
         respect_gitignore, runtime,
     )
 

@@ -29,14 +29,52 @@ _BODY_FOR_A_HEADER = "    pass\n"
 _HOLDS_STATEMENTS = tuple(getattr(ast, name) for name in ("Match",) if hasattr(ast, name))
 
 
+# The oldest Python a project that names none is taken to run on: ruff's
+# default target, and the oldest Python current torch supports. It lets black
+# write what ruff writes (a long `with a, b(...):` in parentheses), so that a
+# file passing `ruff format --check` passes it after migration too.
+DEFAULT_PYTHON = "py39"
+
+
 def _mode(black_config: Mapping, *, line_length: Optional[int] = None, keep_quotes: bool = False):
     import black  # imported only when a changed file needs it
 
     return black.Mode(
+        target_versions=_target_versions(black, black_config.get("target-version", black_config.get("target_version"))),
         line_length=line_length if line_length is not None else configured_line_length(black_config),
         string_normalization=not (keep_quotes or black_config.get("skip-string-normalization", False)),
         magic_trailing_comma=not black_config.get("skip-magic-trailing-comma", False),
     )
+
+
+def _target_versions(black, names) -> set:
+    """black's TargetVersions for `target-version` names (`py38`), the
+    default's when none is known."""
+    names = [names] if isinstance(names, str) else list(names or [])
+    known = {version.name.lower(): version for version in black.TargetVersion}
+    targets = {known[name.lower()] for name in names if isinstance(name, str) and name.lower() in known}
+    return targets or {known[DEFAULT_PYTHON]}
+
+
+def project_python(data: Mapping) -> Optional[list[str]]:
+    """The Pythons a pyproject.toml (its parsed DATA) says the project runs
+    on, as black's `target-version` names them: black's own setting, else
+    ruff's `target-version`, else `project.requires-python` read as black
+    reads it; None when it says nothing."""
+    tool = data.get("tool") if isinstance(data.get("tool"), Mapping) else {}
+    for section in ("black", "ruff"):
+        table = tool.get(section)
+        if isinstance(table, Mapping):
+            for key in ("target-version", "target_version"):
+                if isinstance(table.get(key), (str, list)):
+                    return [table[key]] if isinstance(table[key], str) else list(table[key])
+    from black.files import infer_target_version
+
+    try:
+        inferred = infer_target_version(data)
+    except Exception:  # a requires-python black cannot read: as if none were given
+        return None
+    return [version.name.lower() for version in inferred] if inferred else None
 
 
 def configured_line_length(black_config: Mapping) -> int:
@@ -60,6 +98,37 @@ def project_line_length(tool: Mapping) -> Optional[int]:
 # one line): black over it takes tens of seconds, to say what its long lines
 # already say, so its changed statements are fitted instead.
 BLACK_CHECK_LIMIT = 256 * 1024
+
+
+def parenthesized_long_tuples(original: str, migrated: str, line_length: int) -> str:
+    """MIGRATED with the tuple on the right of each inserted or rewritten
+    assignment (`x, y = x.to(device), y.to(device)`) put in parentheses
+    where its line is too long: black then splits it one item a line, as
+    ruff's formatter does (black alone would split inside the first call),
+    and both formatters keep those parentheses."""
+    changed = _changed_lines(original, migrated)
+    try:
+        tree = ast.parse(migrated)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return migrated
+    lines = _lines_with_ends(migrated)
+    values = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return))
+        and isinstance(node.value, ast.Tuple)
+        and node.value.elts
+        and node.lineno == node.end_lineno
+        and node.lineno in changed
+        and _width(lines[node.lineno - 1]) > line_length
+    ]
+    for value in sorted(values, key=lambda v: (v.lineno, v.col_offset), reverse=True):
+        line = lines[value.lineno - 1].encode("utf-8")
+        if line[value.col_offset : value.col_offset + 1] == b"(" and line[value.end_col_offset - 1 : value.end_col_offset] == b")":
+            continue  # already in parentheses (or one element's own: `(a), (b)` is left as written)
+        wrapped = line[: value.col_offset] + b"(" + line[value.col_offset : value.end_col_offset] + b")" + line[value.end_col_offset :]
+        lines[value.lineno - 1] = wrapped.decode("utf-8")
+    return "".join(lines)
 
 
 def is_black_formatted(source: str, black_config: Mapping) -> bool:
@@ -88,7 +157,7 @@ def black_format(source: str, black_config: Mapping) -> str:
 # -- inserted and rewritten statements in files black does not format -----------------------
 
 
-def fit_changed_statements(original: str, migrated: str, line_length: int) -> str:
+def fit_changed_statements(original: str, migrated: str, line_length: int, black_config: Mapping = {}) -> str:
     """MIGRATED with each statement that holds an inserted or rewritten line
     formatted as black would, when that line is longer than LINE_LENGTH or its
     continuation lost the bracket it was aligned to; every other line as it is.
@@ -112,7 +181,7 @@ def fit_changed_statements(original: str, migrated: str, line_length: int) -> st
         too_long = any(_width(lines[n - 1]) > line_length for n in span if n in changed)
         if not (too_long or _lost_alignment(text, [n in changed for n in span])):
             continue
-        formatted = _black_statement(text, line_length, is_header)
+        formatted = _black_statement(text, line_length, is_header, black_config)
         if formatted is not None and formatted != text:
             lines[first - 1 : last] = [formatted]
     fitted = "".join(lines)
@@ -217,8 +286,9 @@ def _alone_on_its_lines(node: ast.stmt, lines: list[str]) -> bool:
     return not before.strip() and (not after or after.startswith("#"))
 
 
-def _black_statement(text: str, line_length: int, is_header: bool) -> Optional[str]:
-    """TEXT (one statement, or a header) formatted by black at its own indentation."""
+def _black_statement(text: str, line_length: int, is_header: bool, black_config: Mapping) -> Optional[str]:
+    """TEXT (one statement, or a header) formatted by black at its own
+    indentation, for the project's Pythons (BLACK_CONFIG's target-version)."""
     import black
 
     first = text.split("\n", 1)[0]
@@ -231,7 +301,8 @@ def _black_statement(text: str, line_length: int, is_header: bool) -> Optional[s
         return None
     source = body + _BODY_FOR_A_HEADER if is_header else body
     try:
-        mode = _mode({}, line_length=max(1, line_length - len(indent.expandtabs(4))), keep_quotes=True)
+        target = {key: black_config[key] for key in ("target-version", "target_version") if key in black_config}
+        mode = _mode(target, line_length=max(1, line_length - len(indent.expandtabs(4))), keep_quotes=True)
         formatted = black.format_str(source, mode=mode)
         if ast.dump(ast.parse(formatted)) != ast.dump(ast.parse(source)):
             return None

@@ -56,13 +56,34 @@ def place_new_imports(original: str, migrated: str, path: Optional[str] = None) 
     # lines keeps its layout (and the order of its names) as it is.
     new = [item for item in block if ast.dump(item.node) not in old and item.first == item.last]
     if not new:
-        return migrated
+        return _sections_kept_apart(migrated, original, before, first_party)
     lines = _sorted_names(lines, new, before)
     moving = [item for item in new if _is_new_statement(item, before)]
     staying = [item for item in block if item not in moving]
     if moving and staying and not _in_order(lines, block):
         lines = _moved(lines, moving, staying)
-    return _spaced_after_imports("\n".join(lines), before)
+    elif moving and not staying and not _in_order(lines, block):
+        lines = _laid_out(lines, moving)
+    return _spaced_after_imports(_sections_kept_apart("\n".join(lines), original, before, first_party), before)
+
+
+def _sections_kept_apart(migrated: str, original: str, before: ast.Module, first_party: Sequence[Path]) -> str:
+    """MIGRATED with a blank line put back between two sections that touch,
+    where the file's imports were in isort's order: a removed import (apex's)
+    takes the blank lines above it along, which may have been the ones
+    between the standard library and the third party."""
+    try:
+        after = ast.parse(migrated)
+    except SyntaxError:
+        return migrated
+    lines = migrated.split("\n")
+    if not _in_order(original.split("\n"), _leading_imports(before, first_party)):
+        return migrated
+    block = _leading_imports(after, first_party)
+    touching = [b.first for a, b in zip(block, block[1:]) if a.section != b.section and b.first == a.last + 1]
+    for index in reversed(touching):
+        lines.insert(index, _blank_line(lines))
+    return "\n".join(lines)
 
 
 def _spaced_after_imports(migrated: str, before: ast.Module) -> str:
@@ -250,6 +271,18 @@ def _moved(lines: list[str], moving: list[_Import], staying: list[_Import]) -> l
         if index not in doomed:
             out.append(line)
     return out
+
+
+def _laid_out(lines: list[str], block: list[_Import]) -> list[str]:
+    """LINES with an import block that is all new (a file that imported
+    nothing at its top) sorted into its sections, when it is one run of
+    one-line imports and blank lines (anything else stays as written)."""
+    first, last = block[0].first, block[-1].last
+    if sum(1 for index in range(first, last + 1) if lines[index].strip()) != len(block):
+        return lines
+    ordered = sorted(block, key=lambda item: (item.section, _module_key(item, by_module_only=False)))
+    entries = [(item.section, lines[item.first]) for item in ordered]
+    return lines[:first] + _sections(entries, _blank_line(lines)) + lines[last + 1 :]
 
 
 def _blank_lines_after_a_run_at_the_top(lines: list[str], doomed: set[int]) -> set[int]:

@@ -48,12 +48,19 @@ from accelmigrate.codemods.script.rules import words_that_may_apply
 from accelmigrate.engine.cache import Outcome, ResultCache
 from accelmigrate.engine.config import close_match
 from accelmigrate.engine import plain_code
-from accelmigrate.engine.formatting import black_format, configured_line_length, fit_changed_statements, is_black_formatted
+from accelmigrate.engine.formatting import (
+    black_format,
+    configured_line_length,
+    fit_changed_statements,
+    is_black_formatted,
+    parenthesized_long_tuples,
+)
 from accelmigrate.engine.import_order import first_party_layout, place_new_imports
 from accelmigrate.engine.line_map import in_original_lines, lines_of
 from accelmigrate.files.notebook import NotebookError, cell_marker_lines, is_notebook, parse_notebook
 from accelmigrate.files.sources import FileStamp, InputError, SourceText, one_line, read_source, remove_stale_temporaries, write_atomically
 from accelmigrate.project.modules import ProjectFiles
+from accelmigrate.project.torch_version import TorchTarget, targeted_torch
 from accelmigrate.project.training_elsewhere import TRAINER_LOOP, TRAINING_ELSEWHERE, training_findings
 
 SUPPRESSION_MARK = "accelmigrate:"
@@ -94,8 +101,6 @@ GC_THRESHOLDS = (50_000, 20, 100)
 # cannot give them; sync-bn needs ddp). The note below says so, once a notebook.
 NOT_IN_NOTEBOOK = "AM001"
 RESTRUCTURING_WORDS = frozenset({"main-guard", "ddp"})
-# Engine codes that need no action (hidden by `check` unless --show-notes).
-NOTES = frozenset({NOT_IN_NOTEBOOK})
 # A skip mark that names a code no codemod has; a code in the configuration
 # (select, ignore, per-file-ignores) that names none; a code-specific skip
 # mark that silenced nothing (as ruff's RUF100).
@@ -104,6 +109,14 @@ UNKNOWN_CODE_IN_CONFIG = "AM003"
 UNUSED_MARK = "AM004"
 # A notebook's code cell that does not parse on its own: the others are migrated.
 UNPARSED_CELL = "AM007"
+# Words whose code needs a newer torch than the project is confined to
+# (accelmigrate/project/torch_version.py): left out, saying which and why.
+NEEDS_NEWER_TORCH = "AM008"
+# A project pinned to a torch older than any word writes for: migrated for a
+# current torch, with a note that the requirement must rise.
+PINNED_TORCH_TOO_OLD = "AM009"
+# Engine codes that need no action (hidden by `check` unless --show-notes).
+NOTES = frozenset({NOT_IN_NOTEBOOK, PINNED_TORCH_TOO_OLD})
 # Words that act on a training step: where one finds none in a file, it says
 # where the training runs (AM005, AM006: accelmigrate/project/training_elsewhere.py).
 TRAINING_WORDS = frozenset({"amp", "ddp", "accelerate", "fabric", "accumulate", "fsdp"})
@@ -117,6 +130,8 @@ ENGINE_CODES = {
     TRAINING_ELSEWHERE: "the training runs in an imported module of the project, not in this file",
     TRAINER_LOOP: "the training loop runs in a third-party library's trainer",
     UNPARSED_CELL: "notebook cell that does not parse: left as written, the other cells migrated",
+    NEEDS_NEWER_TORCH: "words not applied: the code they write needs a newer torch than the project's",
+    PINNED_TORCH_TOO_OLD: "the project pins a torch older than the migrated code runs on",
 }
 
 
@@ -617,10 +632,17 @@ def _migrate_source(source: str, plan: Plan, path: str, check_only: bool, notebo
         left_out = [cls.word for cls, _ in selected if _restructures(cls)]
         selected = [(cls, options) for cls, options in selected if not _restructures(cls)]
     notes = [_not_in_notebook(left_out)] if left_out else []
+    target = targeted_torch(path)
+    too_new = [cls for cls, _ in selected if target is not None and target.supported and tuple(cls.needs_torch) > target.version]
+    if too_new:
+        notes.append(_needs_newer_torch(too_new, target))
+        selected = [(cls, options) for cls, options in selected if cls not in too_new]
     if not selected:
         return Migration(source, notes)  # never parsed by LibCST
     selected = [(load(cls), options) for cls, options in selected]
     migration = on_deep_stack(_run_codemods, source, selected, path, check_only, silenced, notebook)
+    if target is not None and not target.supported:
+        notes += _pinned_too_old(selected, migration.findings, target)
     return Migration(migration.code, sorted(notes + migration.findings), migration.used_marks)
 
 
@@ -656,6 +678,31 @@ def _not_in_notebook(words: list[str]) -> Finding:
         "script to migrate it with them)",
         False, words[0],
     )
+
+
+def _needs_newer_torch(classes: list, target: TorchTarget) -> Finding:
+    needs = ", ".join(f"{cls.word} (torch {'.'.join(map(str, cls.needs_torch))})" for cls in classes)
+    return Finding(
+        1, 1, NEEDS_NEWER_TORCH,
+        f"not applied: {needs}: the code they write does not run on torch {target.key()}, which this project "
+        f"targets ({target.where}); raise the project's torch to apply them",
+        False, classes[0].word,
+    )
+
+
+def _pinned_too_old(selected: list, findings: list[Finding], target: TorchTarget) -> list[Finding]:
+    """A note where a word wrote code that the project's (old) pinned torch cannot run."""
+    fixed = {f.word for f in findings if f.fixed}
+    newer = [cls for cls, _ in selected if cls.word in fixed and tuple(cls.needs_torch) > target.version]
+    if not newer:
+        return []
+    needed = ".".join(map(str, max(tuple(cls.needs_torch) for cls in newer)))
+    return [Finding(
+        1, 1, PINNED_TORCH_TOO_OLD,
+        f"written for torch {needed} or later ({', '.join(cls.word for cls in newer)}): this project pins torch "
+        f"{target.key()} ({target.where}), older than any torch the migrated code runs on; raise it to torch>={needed}",
+        False, newer[0].word,
+    )]
 
 
 def codemods_that_may_apply(source: str, plan: Plan, path: str = "<string>") -> list[tuple[object, Mapping[str, str]]]:
@@ -1005,6 +1052,8 @@ def _cached_outcome(
     if cache is None:
         return _outcome(source.text, path, plan, check_only, black_config, line_length, silenced)
     layout = "" if check_only else first_party_layout(path)
+    target = targeted_torch(path)  # which words apply, and how the plain definitions are spelled
+    layout += "\2" + (target.key() if target is not None else "")
     facts = project_facts.current().key()  # what the other files of the project say of this one
     key = cache.key(path, source, layout + ("\0" + ",".join(sorted(silenced)) if silenced else "") + ("\1" + facts if facts else ""))
     outcome = cache.get(key, source)
@@ -1048,7 +1097,9 @@ def _outcome(
         migration = migrate_source(text, plan, path, check_only=check_only, silenced=silenced)
     except MigrationError as error:
         return Outcome(None, [], str(error))
-    migrated = on_deep_stack(plain_code.as_configured, text, migration.code, line_length or configured_line_length(black_config or {}))
+    migrated = on_deep_stack(
+        plain_code.as_configured, text, migration.code, line_length or configured_line_length(black_config or {}), _written_for(path)
+    )
     if migrated == text:
         return Outcome(None, migration.findings)
     try:
@@ -1058,14 +1109,22 @@ def _outcome(
     return Outcome(_fitted(text, migrated, path, black_config, line_length), migration.findings)
 
 
+def _written_for(path: str) -> Optional[tuple[int, int]]:
+    """The torch whose spellings the plain definitions take: the project's,
+    where it is one the words write for; else the newest's (None)."""
+    target = targeted_torch(path)
+    return target.version if target is not None and target.supported else None
+
+
 def _fitted(original: str, migrated: str, path: str, black_config: Optional[Mapping], line_length: Optional[int]) -> str:
     """MIGRATED in the file's style: new imports in their isort sections, then
     black over the whole file if it was black-formatted, else black over the
     inserted or rewritten statements that are too long for the line length."""
-    placed = place_new_imports(original, migrated, path)
+    length = line_length or configured_line_length(black_config or {})
+    placed = parenthesized_long_tuples(original, place_new_imports(original, migrated, path), length)
     if black_config is not None and is_black_formatted(original, black_config):
         return black_format(placed, black_config)
-    return fit_changed_statements(original, placed, line_length or configured_line_length(black_config or {}))
+    return fit_changed_statements(original, placed, length, black_config or {})
 
 
 def _notebook_outcome(
@@ -1093,7 +1152,7 @@ def _notebook_outcome(
         ]
         migration = dataclasses.replace(migration, findings=sorted(migration.findings + unparsed)) if unparsed else migration
         length = line_length or configured_line_length(black_config or {})
-        code = on_deep_stack(plain_code.as_configured, notebook.source, migration.code, length)
+        code = on_deep_stack(plain_code.as_configured, notebook.source, migration.code, length, _written_for(path))
         if code == notebook.source:
             return Outcome(None, migration.findings)
         _ensure_parses(code, path)

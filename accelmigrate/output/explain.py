@@ -10,8 +10,8 @@ from typing import Optional
 
 from accelmigrate.codemods import DEFAULT_WORDS, all_codemods, find, parse_words
 from accelmigrate.engine.migrate import (
-    CODEMOD_FAILED, ENGINE_CODES, NOT_IN_NOTEBOOK, TRAINER_LOOP, TRAINING_ELSEWHERE, UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK,
-    UNPARSED_CELL, UNUSED_MARK,
+    CODEMOD_FAILED, ENGINE_CODES, NEEDS_NEWER_TORCH, NOT_IN_NOTEBOOK, PINNED_TORCH_TOO_OLD, TRAINER_LOOP, TRAINING_ELSEWHERE,
+    UNKNOWN_CODE_IN_CONFIG, UNKNOWN_CODE_IN_MARK, UNPARSED_CELL, UNUSED_MARK,
 )
 
 if False:  # for the annotations only: importing the base class imports LibCST
@@ -67,6 +67,19 @@ ENGINE_ADVICE = {
         "bracket that the next cell completes fails there too). The cell was left exactly as written and the "
         "codemods migrated the other cells without seeing it: what it defines (a model, a loader) was unknown to "
         "them. Fix the cell and run again.",
+    ),
+    NEEDS_NEWER_TORCH: (
+        "warning",
+        "The project's requirements confine it to a torch older than the code these words write needs (a pin, "
+        "`torch==1.13.1`, or a range with an upper bound; a bare `torch>=1.8` confines nothing), or, where they "
+        "name no such line, the installed torch is that old. Those words changed nothing in the file; the others "
+        "ran. Raise the project's torch (the finding names the file and the requirement) and run again.",
+    ),
+    PINNED_TORCH_TOO_OLD: (
+        "note",
+        "The project's requirements pin a torch older than any the migrated code runs on (a 2018 `torch==0.4.1`, "
+        "which no current Python installs): it was migrated for a current torch, as the torch the project trains "
+        "with today must be. Raise the requirement the note names to the version it gives.",
     ),
 }
 

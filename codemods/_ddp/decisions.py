@@ -93,8 +93,9 @@ class RankDecisions(ScriptQueries):
             self.report(
                 where, "AM511",
                 "a loop that trains may end here on some ranks only, under a condition that is itself reached on "
-                "some ranks only: compute the decision on every rank at one point, as "
-                "`stop = rank_zero_decides(<condition>)` (accelmigrate.runtime.distributed), and exit on `stop`",
+                "some ranks only: compute the decision on every rank at one point, as rank 0's "
+                "(`stop = torch.tensor(int(<condition>), device=device)`, then `dist.broadcast(stop, src=0)`), "
+                "and exit on `stop.item()`",
             )
             return
         self._plan_decision(test, where)

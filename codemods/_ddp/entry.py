@@ -32,8 +32,9 @@ class ProcessGroupEntry(ScriptQueries):
             if anchor is None:
                 self.report(
                     self._module.body[-1] if self._module.body else self._module, "AM531",
-                    "this file only defines things: call `init_distributed()` (accelmigrate.runtime.distributed) at "
-                    "the start of the program that uses them, before any model is wrapped or DataLoader built",
+                    "this file only defines things: join the process group (`dist.init_process_group()` under "
+                    "torchrun) at the start of the program that uses them, before any model is wrapped or "
+                    "DataLoader built",
                 )
                 return
             insertion = Insertion(self._init_statement(), take_leading="blank")

@@ -73,8 +73,8 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
             self.report(
                 call, "AM528",
                 "`download=True` runs on every rank at once, into the same folder: download the data once "
-                "before launching (or wrap the statement in `with main_process_first():` from "
-                "accelmigrate.runtime.distributed, where every rank reaches it)",
+                "before launching (or, where every rank reaches the statement, run it on rank 0 first: "
+                "under `if dist.get_rank() == 0:`, then `dist.barrier()` on every rank, then on the others)",
             )
             return
 
@@ -428,7 +428,7 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
                     self.report(
                         node, "AM528",
                         "rank 0 alone writes checkpoints now: if this reads one written during this run, call "
-                        "`barrier()` (accelmigrate.runtime.distributed) on every rank between the save and the load",
+                        "`dist.barrier()` on every rank between the save and the load",
                     )
                 continue
             self._plan_barrier_before(node, removal)
@@ -540,9 +540,9 @@ class RankZeroOutput(RankZeroFiles, RankZeroWriters, BatchNormNote):
         ):
             self.report(
                 call, "AM528",
-                f"every rank {what} a file that rank 0 alone writes earlier: call `barrier()` "
-                f"(accelmigrate.runtime.distributed) on every rank between the write and this line"
-                + (", and remove the file on rank 0 only (after a `barrier()` that follows every read)" if removal else ""),
+                f"every rank {what} a file that rank 0 alone writes earlier: call `dist.barrier()` "
+                f"on every rank between the write and this line"
+                + (", and remove the file on rank 0 only (after a `dist.barrier()` that follows every read)" if removal else ""),
             )
             return
         if removal and not self._plan_guard(statement, "removing a file rank 0 wrote"):

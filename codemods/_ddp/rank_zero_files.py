@@ -253,7 +253,7 @@ class RankZeroFiles(ScriptQueries):
             self.report(
                 read, "AM528",
                 "every rank reads here, in the next pass of the loop, a file rank 0 alone writes below: call "
-                "`barrier()` (accelmigrate.runtime.distributed) on every rank right after that write",
+                "`dist.barrier()` on every rank right after that write",
             )
             return True
         if statement in self._barrier_after_planned:

@@ -34,10 +34,10 @@ class ImportedTrainingLoop(ScriptQueries):
             call, "AM521",
             f"the training loop runs in `{function}` (imported from `{module}`), given the model and the optimizer "
             f"built here: ddp changed nothing, since it migrates the loop where the model is built. Move the loop "
-            f"into this file and run ddp again, or migrate both by hand: here `init_distributed()` at the entry "
-            f"point, the model wrapped in `DistributedDataParallel` before it is passed, the training DataLoader "
-            f"given a `SeededDistributedSampler`; in `{module}`, `loader.sampler.set_epoch(epoch)` at the top of "
-            f"each epoch and its output under `if is_main_process():` (accelmigrate.runtime.distributed)",
+            f"into this file and run ddp again, or migrate both by hand: here `dist.init_process_group()` at the "
+            f"entry point, the model wrapped in `DistributedDataParallel` before it is passed, the training "
+            f"DataLoader given a `DistributedSampler`; in `{module}`, `loader.sampler.set_epoch(epoch)` at the top "
+            f"of each epoch and its output under `if dist.get_rank() == 0:`",
         )
 
     def _imported_training_call(self) -> Optional[tuple[cst.Call, str, str]]:

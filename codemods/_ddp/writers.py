@@ -70,8 +70,9 @@ class RankZeroWriters(ScriptQueries):
         if var is None:
             self.report(
                 call, "AM528",
-                "every rank would write the same TensorBoard events: bind the writer to a name, created as "
-                "`SummaryWriter(...) if is_main_process() else NullWriter()` (accelmigrate.runtime.rank_zero)",
+                "every rank would write the same TensorBoard events: bind the writer to a name, made on rank 0 "
+                "only (`SummaryWriter(...)` where `dist.get_rank() == 0`, elsewhere an object whose methods do "
+                "nothing)",
             )
             return
         misuse = next((r for r, _ in self._followed_references(var) if not self._writer_use_is_safe(r)), None)

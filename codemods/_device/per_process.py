@@ -224,7 +224,7 @@ class PerProcessPlans:
 
 DDP_IDS_ADVICE = (
     "DistributedDataParallel with GPU `device_ids`, which a model on the CPU refuses: pass "
-    "`device_ids=ddp_device_ids(model)` (accelmigrate.runtime.distributed) and drop `output_device` by hand"
+    "`device_ids=[device.index] if device.type == \"cuda\" else None` and drop `output_device` by hand"
 )
 
 

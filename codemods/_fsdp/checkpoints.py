@@ -32,8 +32,9 @@ SHARDING = "accelmigrate.runtime.sharding"
 STATE_DICT_METHODS = frozenset({"state_dict", "load_state_dict"})
 UNWRAP = frozenset({f"{RUNTIME}.unwrap_model"})
 GATHER_BY_HAND = (
-    "gather it on every rank with `state = full_state_dict({model})` (accelmigrate.runtime.sharding, a collective) "
-    "before the code that uses it, then run fsdp again"
+    "gather it on every rank with `state = get_model_state_dict({model}, options=StateDictOptions(full_state_dict=True, "
+    "cpu_offload=True))` (torch.distributed.checkpoint.state_dict, a collective) before the code that uses it, "
+    "then run fsdp again"
 )
 
 

@@ -13,7 +13,12 @@ each stands for; a function of a file with one of these names and the same
 docstring is that helper, so that the codemods know it again when the file
 is migrated once more.
 
-The lowest torch these run on is 2.3 (`torch.amp.GradScaler(device_type)`).
+A definition named `<name>_before_<major>_<minor>` (with the same
+docstring) is `<name>` as a project confined to an older torch gets it
+(accelmigrate/project/torch_version.py): the GradScaler of torch.cuda.amp
+before 2.3. With it, the lowest torch these run on is 1.12
+(`torch.backends.mps`); fully_shard (the sharding helpers) needs 2.6, as the
+fsdp word says.
 """
 
 import atexit
@@ -66,6 +71,10 @@ REPLACES = {
     "sum_gradients_across_ranks": "accelmigrate.runtime.gradients",
     "rank_share": "accelmigrate.runtime.distributed",
     "sharded_loader_kwargs": "accelmigrate.runtime.distributed",
+    "shard_model": "accelmigrate.runtime.sharding",
+    "full_state_dict": "accelmigrate.runtime.sharding",
+    "save_full_state_dict": "accelmigrate.runtime.sharding",
+    "load_full_state_dict": "accelmigrate.runtime.sharding",
 }
 
 
@@ -173,6 +182,16 @@ def grad_scaler(device, dtype, enabled=True, **options):
         torch.device(device).type,
         enabled=bool(enabled) and dtype == torch.float16,
         **options,
+    )
+
+
+def grad_scaler_before_2_3(device, dtype, enabled=True, **options):
+    """A GradScaler that scales float16 losses only (bfloat16 and float32 need no loss
+    scaling).
+    """
+    on_cuda = torch.device(device).type == "cuda"
+    return torch.cuda.amp.GradScaler(
+        enabled=bool(enabled) and dtype == torch.float16 and on_cuda, **options
     )
 
 
@@ -588,3 +607,82 @@ def sharded_loader_kwargs(dataset, kwargs, split_batch=True):
     if split_batch and kwargs.get("batch_size", 1) is not None:
         sharded["batch_size"] = per_process_batch_size(kwargs.get("batch_size", 1))
     return sharded
+
+
+def shard_model(model):
+    """Shard the model over the processes with FSDP2 (`fully_shard`), in place: each
+    block held in an nn.ModuleList first, then the whole model. Nothing to do in a
+    world of one. Build the optimizer after it: sharding replaces the parameters.
+    """
+    if not is_distributed():
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    bare = unwrap_model(model)  # under torch.compile, the module it calls
+    for block in _blocks_of(bare):
+        fully_shard(block)
+    fully_shard(bare)
+    return model
+
+
+def _blocks_of(model):
+    """The modules of nn.ModuleLists that have parameters, outermost first."""
+    found, inside = [], set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for block in module:
+                if id(block) not in inside and any(True for _ in block.parameters()):
+                    found.append(block)
+                    inside.update(id(m) for m in block.modules())
+    return found
+
+
+def _is_sharded(model):
+    """The model was sharded by shard_model() in a process group."""
+    if not is_distributed():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model):
+    """The whole model's state dict, plain tensors on the CPU, gathered from every
+    rank: every rank must call it; rank 0 gets the full dict, the others an empty one.
+    """
+    model = unwrap_model(model)
+    if not _is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def save_full_state_dict(model, path):
+    """Gather the model's full state dict on every rank and save it on rank 0, with the
+    keys of the bare model.
+    """
+    state = full_state_dict(model)
+    if is_main_process():
+        torch.save(state, path)
+
+
+def load_full_state_dict(model, state, strict=True):
+    """Load a full state dict (rank 0's copy, sent to every rank) into a sharded model."""
+    model = unwrap_model(model)
+    if not _is_sharded(model):
+        return model.load_state_dict(state, strict=strict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
+
+    options = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True, strict=strict
+    )
+    # a copy: torch puts this rank's shards in the dict it is given
+    return set_model_state_dict(model, dict(state), options=options)

@@ -13,10 +13,13 @@ itself).
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import dataclasses
 import functools
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -36,12 +39,39 @@ class Definition:
     docstring: Optional[str]  # its words, whitespace folded
 
 
+# The torch the file being written targets, as (major, minor); None: the newest.
+_torch = contextvars.ContextVar("plain_definitions_torch", default=None)
+_VARIANT = re.compile(r"^(\w+?)_before_(\d+)_(\d+)$")
+
+
+@contextlib.contextmanager
+def for_torch(version: Optional[tuple[int, int]]) -> Iterator[None]:
+    """Within it, `closure` gives the definitions as that torch spells them
+    (a `<name>_before_<major>_<minor>` variant where the version is older)."""
+    token = _torch.set(version)
+    try:
+        yield
+    finally:
+        _torch.reset(token)
+
+
 def definitions() -> dict[str, Definition]:
-    return _read()
+    return _read()[0]
+
+
+def _as_targeted(definition: Definition) -> Definition:
+    version = _torch.get()
+    if version is not None:
+        for before, variant in _read()[1].get(definition.name, ()):
+            if version < before:
+                return variant
+    return definition
 
 
 @functools.lru_cache(maxsize=1)
-def _read() -> dict[str, Definition]:
+def _read() -> tuple[dict[str, Definition], dict[str, list[tuple[tuple[int, int], Definition]]]]:
+    """The definitions by name, and each one's variants for older torches
+    (oldest bound first), named and documented as the definition itself."""
     text = SOURCE.read_text(encoding="utf-8")
     tree = ast.parse(text)
     imported: dict[str, tuple[str, Optional[str]]] = {}  # the name an import binds -> (module, asname)
@@ -55,19 +85,30 @@ def _read() -> dict[str, Definition]:
             replaces = ast.literal_eval(statement.value)
         elif isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
             units.append((statement.name, statement))
-    names = [name for name, _ in units]
-    found = {}
+    names = [name for name, _ in units if not _VARIANT.match(name)]
+    found: dict[str, Definition] = {}
+    variants: dict[str, list[tuple[tuple[int, int], Definition]]] = {}
     for name, statement in units:
+        variant = _VARIANT.match(name)
+        base = variant.group(1) if variant else name
         used = {node.id for node in ast.walk(statement) if isinstance(node, ast.Name)}
-        found[name] = Definition(
-            name,
-            _code(text, statement),
-            tuple(other for other in names if other != name and other in used),
+        definition = Definition(
+            base,
+            _code(text, statement).replace(f"def {name}(", f"def {base}(", 1),
+            tuple(other for other in names if other != base and other in used),
             tuple(sorted(imported[n] for n in used if n in imported)),
-            f"{replaces[name]}.{name}" if name in replaces else None,
+            f"{replaces[base]}.{base}" if base in replaces else None,
             _folded(ast.get_docstring(statement)),
         )
-    return found
+        if variant:
+            before = (int(variant.group(2)), int(variant.group(3)))
+            variants.setdefault(base, []).append((before, definition))
+        else:
+            found[name] = definition
+    for base, listed in variants.items():
+        listed.sort(key=lambda item: item[0])
+        assert all(d.docstring == found[base].docstring for _, d in listed), f"{base}: a variant's docstring differs"
+    return found, variants
 
 
 def _target(statement: ast.Assign) -> str:
@@ -87,8 +128,9 @@ def _folded(docstring: Optional[str]) -> Optional[str]:
 
 def closure(names) -> list[Definition]:
     """The definitions of `names` and of everything they use, in the order
-    of plain_definitions.py (each after what it uses)."""
-    known = definitions()
+    of plain_definitions.py (each after what it uses), as the targeted torch
+    spells them (`for_torch`)."""
+    known = {name: _as_targeted(definition) for name, definition in definitions().items()}
     wanted: set[str] = set()
     pending = [n for n in names if n in known]
     while pending:
