@@ -23,6 +23,7 @@ For each script and each set of words:
     python benchmarks/reach.py --words ddp     # one set (a key of WORD_SETS)
     python benchmarks/reach.py --no-run        # migrate and classify by findings only
     python benchmarks/reach.py --words ddp --words accelerate --parity
+    python benchmarks/reach.py --runtime       # the copies import accelmigrate.runtime
 
 The last lines count, per set of words, the scripts with no manual step
 (verdict full). `--parity` also launches each copy of the multi-process
@@ -137,11 +138,13 @@ def run_script(path: Path) -> Run:
     return Run(True, float(found[-1]))
 
 
-def migrate(path: Path, words: str, folder: Path):
+def migrate(path: Path, words: str, folder: Path, runtime: bool = False):
     """The migrated copy (written into `folder`), its unfixed findings, and
-    what is wrong with the output itself, if anything."""
+    what is wrong with the output itself, if anything. With `runtime` the
+    copy imports the runtime's helpers (`apply --runtime`), else it carries
+    their plain definitions."""
     plan = plan_for(words)
-    result = process_file(str(path), plan)
+    result = process_file(str(path), plan, runtime=runtime)
     if result.error:
         return None, [], f"migration failed: {result.error}"
     copy = folder / path.name
@@ -150,7 +153,7 @@ def migrate(path: Path, words: str, folder: Path):
         ast.parse(result.migrated)
     except SyntaxError as error:
         return None, [], f"output does not parse: {error}"
-    again = process_file(str(copy), plan)
+    again = process_file(str(copy), plan, runtime=runtime)
     if again.error or again.migrated != result.migrated:
         return None, [], "not idempotent: a second run changes the output"
     failed = [f for f in result.findings if f.code == "AM000"]
@@ -173,14 +176,14 @@ class Migrated:
     noted: frozenset = frozenset()  # the notes it reported
 
 
-def migrate_all(jobs, notes: frozenset, root: Path) -> list[Migrated]:
+def migrate_all(jobs, notes: frozenset, root: Path, runtime: bool = False) -> list[Migrated]:
     """One after the other, in this thread: the engine's deep-stack and
     recursion-limit handling is per process, not per thread."""
     done = []
     for index, (script, name) in enumerate(jobs):
         folder = root / str(index)
         folder.mkdir()
-        copy, unfixed, wrong = migrate(script, WORD_SETS[name][0], folder)
+        copy, unfixed, wrong = migrate(script, WORD_SETS[name][0], folder, runtime)
         left = collections.Counter(f.code for f in unfixed if f.code not in notes)
         done.append(Migrated(script, name, copy, left, wrong, frozenset(f.code for f in unfixed if f.code in notes)))
     return done
@@ -352,6 +355,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--words", action="append", choices=list(WORD_SETS), help="a set of words (repeatable)")
     parser.add_argument("--no-run", action="store_true", help="classify by findings only, run nothing")
     parser.add_argument("--parity", "--ddp-parity", dest="parity", action="store_true", help="also run each copy of ddp, accelerate and fabric on 2 gloo processes against the original on one")
+    parser.add_argument("--runtime", action="store_true", help="migrate as `apply --runtime` does (the copies import accelmigrate.runtime)")
     parser.add_argument("scripts", nargs="*", type=Path, help="scripts (default: benchmarks/reach/*.py)")
     args = parser.parse_args(argv)
     if args.parity and args.no_run:
@@ -363,7 +367,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     started = time.perf_counter()
     jobs = [(script, name) for script in scripts for name in names]
     with tempfile.TemporaryDirectory() as root:
-        migrated = migrate_all(jobs, notes_of_every_codemod(), Path(root))
+        migrated = migrate_all(jobs, notes_of_every_codemod(), Path(root), args.runtime)
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # each run is its own process
             originals = {} if args.no_run else dict(zip(scripts, pool.map(run_script, scripts)))
             runnable = [job.copy if job.copy and not args.no_run else None for job in migrated]
@@ -390,7 +394,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"- {script}: {p.verdict}: {p.why}")
     print()
     print(no_manual_step(outcomes, names))
-    print(f"({len(scripts)} scripts, {time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    mode = "the runtime's imports (--runtime)" if args.runtime else "plain code"
+    print(f"({len(scripts)} scripts, {mode}, {time.perf_counter() - started:.0f} s)", file=sys.stderr)
     broke = any(o.verdict == "broke" for o in outcomes) or any(p.verdict in ("differ", "failed") for p in parity.values())
     return 1 if broke else 0
 

@@ -60,6 +60,15 @@ def test_weights_of_other_shapes_are_not_compared():
     assert reach._largest_difference([torch.zeros(2)], [torch.tensor([0.0, 0.5])]) == 0.5
 
 
+def test_copies_carry_plain_definitions_unless_the_runtime_is_asked_for(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "runtime").mkdir()
+    plain, _, wrong = reach.migrate(FLAT, "ddp", tmp_path / "plain")
+    assert not wrong and "accelmigrate" not in plain.read_text() and "def init_distributed():" in plain.read_text()
+    kept, _, wrong = reach.migrate(FLAT, "ddp", tmp_path / "runtime", runtime=True)
+    assert not wrong and "from accelmigrate.runtime.distributed import" in kept.read_text()
+
+
 @pytest.mark.slow
 def test_the_ddp_copy_on_two_processes_ends_with_the_one_process_weights(tmp_path):
     copy, _, wrong = reach.migrate(FLAT, "ddp", tmp_path)

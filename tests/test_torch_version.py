@@ -61,6 +61,12 @@ def test_the_project_file_that_confines_torch_is_read_from_the_scripts_folder_up
     assert target is not None and target.version == (1, 13) and name in target.where
 
 
+def test_the_main_requirements_file_is_read_before_the_others(project: Path):
+    (project / "requirements.txt").write_text("torch==2.1.0\n")
+    (project / "requirements-docs.txt").write_text("torch==1.13.1\n")
+    assert targeted_torch(str(project / "train.py")).version == (2, 1)
+
+
 def test_a_bare_minimum_leaves_the_installed_torch_the_target(project: Path):
     (project / "requirements.txt").write_text("torch>=1.4\n")
     assert targeted_torch(str(project / "train.py")) == torch_version.installed_torch()

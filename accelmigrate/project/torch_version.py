@@ -83,10 +83,12 @@ def _declared(folder: str) -> Optional[TorchTarget]:
 
 
 def _declaration_files(directory: Path) -> list[Path]:
-    names = ["pyproject.toml", "setup.cfg", "setup.py", "environment.yml", "environment.yaml"]
+    """The files that may require torch, the main ones first (requirements.txt
+    before a requirements-dev.txt)."""
+    names = ["pyproject.toml", "setup.cfg", "setup.py", "requirements.txt", "environment.yml", "environment.yaml"]
     files = [directory / name for name in names]
     try:
-        files += sorted(directory.glob("requirements*.txt")) + sorted(directory.glob("requirements/*.txt"))
+        files += sorted(directory.glob("requirements?*.txt")) + sorted(directory.glob("requirements/*.txt"))
     except OSError:
         pass
     return [file for file in files if file.is_file()]
