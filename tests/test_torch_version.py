@@ -105,3 +105,14 @@ def test_a_pin_older_than_any_torch_the_words_write_for_is_migrated_for_a_curren
     message, migrated, _ = migrated_for(project, "torch==0.4.1", ["item", "device", "amp"], code="AM009")
     assert "(amp)" in message and "raise it to torch>=1.12" in message and "`torch==0.4.1`" in message
     assert ".item()" in migrated and "torch.autocast" in migrated and "torch.amp.GradScaler(" in migrated
+
+
+def test_the_installed_torch_is_read_from_its_metadata_without_importing_it():
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    assert torch_version._installed_version() == importlib.metadata.version("torch")
+    probe = "from accelmigrate.project.torch_version import installed_torch as t; import sys; print(t().key(), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [torch_version.installed_torch().key(), "False"]

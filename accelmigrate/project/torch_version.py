@@ -26,7 +26,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import importlib.metadata
+import importlib.util
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -163,11 +164,36 @@ def confined_to(requirement: str) -> Optional[tuple[int, int]]:
 
 @functools.lru_cache(maxsize=1)
 def installed_torch() -> Optional[TorchTarget]:
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    found = _LOWER_BOUND.match("==" + version)
+    version = _installed_version()
+    found = _LOWER_BOUND.match("==" + version) if version else None
     if found is None:
         return None
     return TorchTarget((int(found.group(2)), int(found.group(3) or 0)), f"the installed torch {version}")
+
+
+def _installed_version() -> Optional[str]:
+    """The installed torch's version, from the name of its `torch-<version>.dist-info`
+    folder beside the package (found without importing it); importlib.metadata
+    (20 ms to import, which a check would otherwise not pay) where that folder
+    is not there."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.origin:
+        folder = os.path.dirname(os.path.dirname(spec.origin))
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for name in names:
+            if name.startswith("torch-") and name.endswith(".dist-info"):
+                return name[len("torch-") : -len(".dist-info")]
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
