@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Collection, Mapping, Optional, Sequence
 
-from accelmigrate.engine.formatting import project_line_length, project_python
+from accelmigrate.engine.formatting import configured_targets, project_line_length, project_python
 
 try:
     import tomllib
@@ -176,7 +176,7 @@ def read_config(pyproject: Path) -> Config:
     runtime = check.boolean(section.get("runtime", False), "[tool.accelmigrate] 'runtime'")
     black = check.black(tool.get("black", {}))
     python = project_python(data)
-    if python and "target-version" not in black and "target_version" not in black:
+    if python and not configured_targets(black):
         black["target-version"] = python  # ruff's target or requires-python: what inserted code may use
     return Config(
         pyproject, to, exclude, options, black, project_line_length(tool), select, ignore, per_file,

@@ -40,11 +40,20 @@ def _mode(black_config: Mapping, *, line_length: Optional[int] = None, keep_quot
     import black  # imported only when a changed file needs it
 
     return black.Mode(
-        target_versions=_target_versions(black, black_config.get("target-version", black_config.get("target_version"))),
+        target_versions=_target_versions(black, configured_targets(black_config).get("target-version")),
         line_length=line_length if line_length is not None else configured_line_length(black_config),
         string_normalization=not (keep_quotes or black_config.get("skip-string-normalization", False)),
         magic_trailing_comma=not black_config.get("skip-magic-trailing-comma", False),
     )
+
+
+def configured_targets(black_config: Mapping) -> dict:
+    """`{"target-version": [...]}` where BLACK_CONFIG sets it (black reads
+    `target-version` and `target_version` alike), else empty."""
+    for key in ("target-version", "target_version"):
+        if key in black_config:
+            return {"target-version": black_config[key]}
+    return {}
 
 
 def _target_versions(black, names) -> set:
@@ -64,10 +73,9 @@ def project_python(data: Mapping) -> Optional[list[str]]:
     tool = data.get("tool") if isinstance(data.get("tool"), Mapping) else {}
     for section in ("black", "ruff"):
         table = tool.get(section)
-        if isinstance(table, Mapping):
-            for key in ("target-version", "target_version"):
-                if isinstance(table.get(key), (str, list)):
-                    return [table[key]] if isinstance(table[key], str) else list(table[key])
+        targets = configured_targets(table).get("target-version") if isinstance(table, Mapping) else None
+        if isinstance(targets, (str, list)):
+            return [targets] if isinstance(targets, str) else list(targets)
     from black.files import infer_target_version
 
     try:
@@ -301,8 +309,7 @@ def _black_statement(text: str, line_length: int, is_header: bool, black_config:
         return None
     source = body + _BODY_FOR_A_HEADER if is_header else body
     try:
-        target = {key: black_config[key] for key in ("target-version", "target_version") if key in black_config}
-        mode = _mode(target, line_length=max(1, line_length - len(indent.expandtabs(4))), keep_quotes=True)
+        mode = _mode(configured_targets(black_config), line_length=max(1, line_length - len(indent.expandtabs(4))), keep_quotes=True)
         formatted = black.format_str(source, mode=mode)
         if ast.dump(ast.parse(formatted)) != ast.dump(ast.parse(source)):
             return None

@@ -37,7 +37,6 @@ from typing import Iterator, Optional
 # which arrived in 1.12 (torch.autocast(device_type=...) in 1.10).
 LOWEST_SUPPORTED = (1, 12)
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", ".git")
-_LEVELS = 4  # the file's folder and three above it, as the project's imports are followed
 # `torch` as a requirement's name, then its version specifiers (not torchvision, not torch-geometric)
 _REQUIREMENT = re.compile(r"^\s*(?:pytorch::)?(?:torch|pytorch)(?![\w.-])\s*(?:\[[^\]]*\])?\s*([^;#@]*)", re.IGNORECASE)
 # the operators of a lower bound (pip's, conda's `=`, poetry's `^` and `~`), not `<=` or `!=`
@@ -70,12 +69,12 @@ def targeted_torch(path: str) -> Optional[TorchTarget]:
 
 @functools.lru_cache(maxsize=64)
 def _declared(folder: str) -> Optional[TorchTarget]:
+    from accelmigrate.project.modules import PARENT_LEVELS  # the folders above a script its imports are followed into
+
     here = Path(folder)
-    for level, directory in enumerate([here, *here.parents]):
-        if level >= _LEVELS:
-            break
+    for directory in [here, *here.parents][: PARENT_LEVELS + 1]:
         for file in _declaration_files(directory):
-            found = _lowest_in(file, directory)
+            found = _confinement_in(file, directory)
             if found is not None:
                 return found
         if any((directory / marker).exists() for marker in _ROOT_MARKERS):
@@ -95,7 +94,7 @@ def _declaration_files(directory: Path) -> list[Path]:
     return [file for file in files if file.is_file()]
 
 
-def _lowest_in(file: Path, root: Path) -> Optional[TorchTarget]:
+def _confinement_in(file: Path, root: Path) -> Optional[TorchTarget]:
     try:
         text = file.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -165,10 +164,10 @@ def confined_to(requirement: str) -> Optional[tuple[int, int]]:
 @functools.lru_cache(maxsize=1)
 def installed_torch() -> Optional[TorchTarget]:
     version = _installed_version()
-    found = _LOWER_BOUND.match("==" + version) if version else None
+    found = re.match(r"v?(\d+)(?:\.(\d+))?", version) if version else None
     if found is None:
         return None
-    return TorchTarget((int(found.group(2)), int(found.group(3) or 0)), f"the installed torch {version}")
+    return TorchTarget((int(found.group(1)), int(found.group(2) or 0)), f"the installed torch {version}")
 
 
 def _installed_version() -> Optional[str]:
