@@ -70,13 +70,17 @@ WORD_SETS = {
     "ddp": ("ddp", True),  # one process draws the original's order
     "accelerate": ("accelerate", True),  # a world of one computes as the original
     "fabric": ("fabric", True),  # a world of one computes as the original
+    # The exact-parity forms, which --parity holds to the one-process weights on 2 processes (the default forms
+    # give each process the loader's batch: the original with twice the batch, which `verify` compares).
+    "accelerate=parity": ("accelerate=parity", True),
+    "fabric=parity": ("fabric=parity", True),
 }
 TOLERANCE = 1e-6
 RUN_TIMEOUT_S = 180
 # --parity: the watcher that keeps what each rank's optimizers trained
 WATCHER = HERE.parent / "fixtures" / "scripts" / "ddp_rank_weights.py"
 # --parity: the words whose copies run on 2 processes, and what their launch needs
-MULTI_PROCESS = {"ddp": {}, "accelerate": {"ACCELERATE_USE_CPU": "true"}, "fabric": {}}
+MULTI_PROCESS = {"ddp": {}, "accelerate=parity": {"ACCELERATE_USE_CPU": "true"}, "fabric=parity": {}}
 # Notes that say a copy on N processes trains as well but not to the same numbers:
 # draws per process (dropout, noise), BatchNorm over each share, Fabric's shuffled order.
 OTHER_NUMBERS_NOTES = frozenset({"AM535", "AM538", "AM816", "AM817", "AM910", "AM916", "AM917"})

@@ -83,6 +83,8 @@ WORD_SETS = {
     "ddp": ("ddp", True, ("ddp",)),  # a world of one draws the original's order
     "accelerate": ("accelerate", True, ("accelerate",)),
     "fabric": ("fabric", True, ("fabric",)),
+    "accelerate=parity": ("accelerate=parity", True, ("accelerate",)),  # --parity holds these to one process's weights
+    "fabric=parity": ("fabric=parity", True, ("fabric",)),
     "fast": ("fast", False, ("amp",)),  # compile and fused kernels change the last bits
 }
 STEP_CAP = 3

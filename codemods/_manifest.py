@@ -375,8 +375,14 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                                    'noise)',
                           'AM832': "global batch size shaping this process's share of the batch",
                           'AM833': "running total of a training loop read after it: one process's share of "
-                                   'the one-process total'},
-                'notes': ('AM811', 'AM816', 'AM817', 'AM822'),
+                                   'the one-process total',
+                          'AM834': "Accelerate's defaults: on N processes the global batch is N times the "
+                                   "DataLoader's (accelerate=parity keeps the original's)",
+                          'AM835': "shuffled training DataLoader: on N processes Accelerate's sampler draws "
+                                   "another order (accelerate=parity keeps the original's)",
+                          'AM836': 'learning-rate scheduler stepped per epoch, left out of prepare '
+                                   "(Accelerate's would step it once per process)"},
+                'notes': ('AM811', 'AM816', 'AM817', 'AM822', 'AM834', 'AM835', 'AM836'),
                 'reads_handoffs': True,
                 'needs_torch': (1, 12)},
  'fabric': {'module': 'fabric',
@@ -419,8 +425,10 @@ CODEMODS: dict = {'modernize': {'module': 'modernize',
                       'AM931': "random draw in a loop that trains, alike on every process (a GAN's noise)",
                       'AM932': "global batch size shaping this process's share of the batch",
                       'AM933': "running total of a training loop read after it: one process's share of the "
-                               'one-process total'},
-            'notes': ('AM910', 'AM911', 'AM914', 'AM916', 'AM917', 'AM922'),
+                               'one-process total',
+                      'AM934': "Fabric's defaults: on N processes the global batch is N times the "
+                               "DataLoader's (fabric=parity keeps the original's)"},
+            'notes': ('AM910', 'AM911', 'AM914', 'AM916', 'AM917', 'AM922', 'AM934'),
             'reads_handoffs': True,
             'needs_torch': (1, 12)},
  'accumulate': {'module': 'accumulate',

@@ -38,6 +38,16 @@ def ddp_batch_mode(options: Mapping[str, str]) -> str:
     return value or "global"
 
 
+def exact_parity(word: str, options: Mapping[str, str]) -> bool:
+    """`WORD=parity`: the one-process run's exact numbers on N processes (the
+    global batch split, the original's order); without it, the library's
+    defaults, as its own guide writes them."""
+    value = options.get("value", "").strip().lower()
+    if value not in ("", "parity"):
+        raise ValueError(f"unknown option {value!r} (use {word}=parity)")
+    return value == "parity"
+
+
 def workers_cap_argument(options: Mapping[str, str]) -> str:
     """The arguments of the worker count helper for the `max_workers` option
     (or the word's value, `workers=4`)."""
@@ -71,7 +81,9 @@ def _workers(options: Mapping[str, str]) -> None:
 CHECKS: dict[str, Callable[[Mapping[str, str]], object]] = {
     "accumulate": lambda options: parse_factor(options, "accumulate", STEPS_MEANING),
     "batch-scale": lambda options: parse_factor(options, "batch-scale", SCALE_MEANING),
+    "accelerate": lambda options: exact_parity("accelerate", options),
     "ddp": ddp_batch_mode,
+    "fabric": lambda options: exact_parity("fabric", options),
     "fsdp": ddp_batch_mode,  # the ddp class's check, which fsdp inherits
     "workers": _workers,
 }

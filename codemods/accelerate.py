@@ -4,11 +4,23 @@ What it does
     Moves a script that trains in one process (with or without
     `nn.DataParallel`) onto `accelerate.Accelerator`, so that the same file
     runs on a CPU, one GPU or many processes (`accelerate launch`, torchrun),
-    and computes what the original computed:
+    and computes what the original computed.
+
+    By default it writes what Accelerate's own guide writes: `Accelerator()`
+    (with `mixed_precision=` where the script used mixed precision and
+    `cpu=` for its own `--no-cuda` flag, nothing else), the prepared model's
+    and the training batches' `.to(device)` dropped (codemods/_accelerate/
+    placement.py), the processes and devices left to `accelerate launch`.
+    On N processes each process loads the loader's batch size: the run is
+    the original's with N times larger batches (note AM834), a shuffled
+    loader in Accelerate's order (AM835), a scheduler stepped per epoch
+    left out of `prepare` (AM836). `accelerate=parity` writes the exact form
+    below, which ends a seeded run on N processes with the one-process
+    weights:
 
     - one `Accelerator` made at the start of the entry point (the function
       the `__main__` block calls, or a flat script's first code), with
-      `DataLoaderConfiguration(split_batches=True)`: the DataLoader's batch
+      `DataLoaderConfiguration(split_batches=True)` (parity): the DataLoader's batch
       size stays the global batch, each process takes its slice of every
       batch, and the steps per epoch stay what they were. (Accelerate 1.x
       ignores `Accelerator(split_batches=True)`: the setting must come through
@@ -160,15 +172,14 @@ Example
     After::
 
         def main():
-            accelerator = Accelerator(cpu=not torch.cuda.is_available(), dataloader_config=DataLoaderConfiguration(split_batches=True))
+            accelerator = Accelerator()
             device = accelerator.device
             loader = DataLoader(train_set, batch_size=32)
-            model = Net().to(device)
+            model = Net()
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
             for epoch in range(10):
                 for x, y in loader:
-                    x, y = x.to(device), y.to(device)
                     optimizer.zero_grad()
                     loss = criterion(model(x), y)
                     accelerator.backward(loss)
@@ -219,6 +230,7 @@ from ._accelerate.common import CannotMigrate, Plan, on_main_process
 from ._accelerate.plan import Planner
 from ._accelerate.received import ReceivedPlanner
 from ._base import Codemod
+from ._options import exact_parity
 from .script import project_facts
 from .script.project_facts import NO_FACTS
 
@@ -264,8 +276,11 @@ class AccelerateCodemod(Codemod):
         "AM831": "random draw in a loop that trains, alike on every process (a GAN's noise)",
         "AM832": "global batch size shaping this process's share of the batch",
         "AM833": "running total of a training loop read after it: one process's share of the one-process total",
+        "AM834": "Accelerate's defaults: on N processes the global batch is N times the DataLoader's (accelerate=parity keeps the original's)",
+        "AM835": "shuffled training DataLoader: on N processes Accelerate's sampler draws another order (accelerate=parity keeps the original's)",
+        "AM836": "learning-rate scheduler stepped per epoch, left out of prepare (Accelerate's would step it once per process)",
     }
-    notes = frozenset({"AM811", "AM816", "AM817", "AM822"})
+    notes = frozenset({"AM811", "AM816", "AM817", "AM822", "AM834", "AM835", "AM836"})
     triggers = ("backward",)
     # A training loop in another module of the project, handed what a script builds, is migrated in both files
     # (codemods/_accelerate/handed.py, received.py).
@@ -274,6 +289,7 @@ class AccelerateCodemod(Codemod):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.parity = exact_parity(self.word, self.options)
         self._plan = Plan()
 
     def planner(self) -> Planner | None:

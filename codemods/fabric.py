@@ -6,7 +6,13 @@ What it does
     runs on a CPU, one GPU, or many processes under torchrun, and computes
     what the original computed. It reads the script as the accelerate
     codemod does (the same training steps, entry point, devices and outputs,
-    and the same refusals), and writes Fabric's calls:
+    and the same refusals), and writes Fabric's calls. By default as
+    Fabric's guide writes them: `Fabric()` (with `precision=` where the
+    script used mixed precision) and `fabric.launch()`, the devices and
+    nodes left to `fabric run` (LT_DEVICES, LT_NUM_NODES), each process
+    loading the loader's batch size (note AM934: the original with N times
+    larger batches), the set-up model's and batches' `.to(device)` dropped.
+    `fabric=parity` writes the exact form below:
 
     - one `Fabric` made and launched at the start of the entry point (the
       function the `__main__` block calls, or a flat script's first code):
@@ -207,8 +213,9 @@ class FabricCodemod(AccelerateCodemod):
         "AM931": "random draw in a loop that trains, alike on every process (a GAN's noise)",
         "AM932": "global batch size shaping this process's share of the batch",
         "AM933": "running total of a training loop read after it: one process's share of the one-process total",
+        "AM934": "Fabric's defaults: on N processes the global batch is N times the DataLoader's (fabric=parity keeps the original's)",
     }
-    notes = frozenset({"AM910", "AM911", "AM914", "AM916", "AM917", "AM922"})
+    notes = frozenset({"AM910", "AM911", "AM914", "AM916", "AM917", "AM922", "AM934"})
     triggers = ("backward",)
 
     def is_suppressed(self, node: cst.CSTNode, code: str) -> bool:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCRIPTS, run_cli
+from conftest import PARITY, ROOT, SCRIPTS, run_cli
 from launching import Launch, cpu_env, on_two
 
 from accelmigrate.engine.migrate import migrate_source
@@ -39,7 +39,7 @@ EPOCHS = 3
 
 
 def _migrate(source: str) -> object:
-    return migrate_source(source, [("accelerate", {})], "train.py")
+    return migrate_source(source, [("accelerate", PARITY)], "train.py")
 
 
 def test_codemod_does_not_import_torch_or_accelerate():

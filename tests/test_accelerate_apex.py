@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, PARITY, ROOT
 from launching import ONE_PROCESS_TOLERANCE, cpu_env, launch_all, on_two
 
 from accelmigrate.engine.migrate import migrate_source
@@ -36,7 +36,7 @@ FP16_ON_CUDA = 'Accelerator(mixed_precision="fp16" if torch.cuda.is_available() 
 
 
 def _migrate(source: str):
-    return migrate_source(source, [("accelerate", {})], "train.py")
+    return migrate_source(source, [("accelerate", PARITY)], "train.py")
 
 
 def _apex_names(code: str) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 
 from accelmigrate.codemods.script.model import ScriptModel
 from accelmigrate.engine.migrate import migrate_source
-from conftest import FIXTURES
+from conftest import FIXTURES, exact_options
 from test_ddp_param_groups import expected_pair_parity
 
 CASE = FIXTURES / "accelerate" / "device_flag_and_a_tensors_own_device.py"
@@ -26,7 +26,7 @@ def test_a_tensors_own_device_is_no_device_the_script_chooses():
 
 @pytest.mark.parametrize("word", ["accelerate", "fabric"])
 def test_the_flags_one_read_becomes_the_process_device(word):
-    result = migrate_source(CASE.read_text(), [(word, {})], CASE.name)
+    result = migrate_source(CASE.read_text(), [(word, exact_options(word))], CASE.name)
     assert [f.code for f in result.findings if not f.fixed and f.code not in ("AM811", "AM911")] == []
     assert f"    device = {'accelerator' if word == 'accelerate' else 'fabric'}.device\n" in result.code
     assert "        device = x.device\n" in result.code

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from conftest import FIXTURES, SCRIPTS, run_cli
+from conftest import FIXTURES, PARITY, SCRIPTS, exact, exact_options, run_cli
 from launching import (
     ONE_PROCESS_TOLERANCE,
     cpu_env,
@@ -40,7 +40,7 @@ ROWS = {
 
 
 def _migrated(word: str, case: str) -> object:
-    return migrate_source((FIXTURES / word / f"{case}.py").read_text(), [(word, {})], "train.py")
+    return migrate_source((FIXTURES / word / f"{case}.py").read_text(), [(word, exact_options(word))], "train.py")
 
 
 @pytest.mark.parametrize("word", WORDS)
@@ -53,7 +53,7 @@ def test_the_batch_noise_is_this_processs_rows_of_the_global_draw(word):
 @pytest.mark.parametrize("word", WORDS)
 def test_a_draw_of_a_fixed_size_in_the_loop_is_still_refused(word):
     source = (FIXTURES / word / "gan_noise_fixed_size.py").read_text()
-    result = migrate_source(source, [(word, {})], "train.py")
+    result = migrate_source(source, [(word, exact_options(word))], "train.py")
     assert result.code == source
     assert any(f.code == ("AM831" if word == "accelerate" else "AM931") for f in result.findings)
 
@@ -67,7 +67,7 @@ def runs(tmp_path_factory):
     for word in WORDS:
         migrated = work / f"gan_{word}.py"  # not accelerate.py: it would shadow the package
         shutil.copy(FIXTURES / word / "gan_noise_flat.py", migrated)
-        applied = run_cli("apply", str(migrated), "--to", word, cwd=work)
+        applied = run_cli("apply", str(migrated), "--to", exact(word), cwd=work)
         assert applied.returncode == 0, applied.stdout + applied.stderr
         plans[f"{word}-one"] = [sys.executable, str(migrated)]
         plans[f"{word}-two"] = on_two(migrated)
@@ -114,14 +114,14 @@ def test_a_model_with_dropout_is_noted(word, code):
 
 def test_noise_behind_a_dispatched_shuffled_loader_is_noted():
     source = (FIXTURES / "accelerate" / "gan_noise_flat.py").read_text().replace("batch_size=16)", "batch_size=16, shuffle=True)")
-    result = migrate_source(source, [("accelerate", {})], "train.py")
+    result = migrate_source(source, [("accelerate", PARITY)], "train.py")
     assert "dispatch_batches=True" in result.code and ".split(b_size)" in result.code
     assert any(f.code == "AM816" and "shuffled loader" in f.message for f in result.findings)
 
 
 @pytest.mark.parametrize(("word", "code"), [("accelerate", "AM815"), ("fabric", "AM915")])
 def test_the_bundled_gan_tutorial_is_migrated_not_refused(word, code):
-    result = migrate_source((SCRIPTS / "gan_tutorial.py").read_text(), [(word, {})], "train.py")
+    result = migrate_source((SCRIPTS / "gan_tutorial.py").read_text(), [(word, exact_options(word))], "train.py")
     assert [f.code for f in result.findings if f.code == code] == [code]
     assert not [f for f in result.findings if not f.fixed and f.code not in NOTES[word]]
 
@@ -151,8 +151,8 @@ if __name__ == "__main__":
 @pytest.mark.parametrize(("word", "code"), [("accelerate", "AM817"), ("fabric", "AM917")])
 def test_a_model_with_batch_norm_is_noted_unless_the_file_converts_it(word, code):
     """Each process's BatchNorm statistics are its slice's: a note, as ddp's AM538."""
-    plain = migrate_source(BATCH_NORM_SCRIPT.replace("CONVERT", "pass"), [(word, {})], "train.py")
+    plain = migrate_source(BATCH_NORM_SCRIPT.replace("CONVERT", "pass"), [(word, exact_options(word))], "train.py")
     assert [(f.line, f.code) for f in plain.findings if f.code == code] == [(8, code)]
     assert "convert_sync_batchnorm" in next(f.message for f in plain.findings if f.code == code)
     converted = BATCH_NORM_SCRIPT.replace("CONVERT", "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
-    assert not [f for f in migrate_source(converted, [(word, {})], "train.py").findings if f.code == code]
+    assert not [f for f in migrate_source(converted, [(word, exact_options(word))], "train.py").findings if f.code == code]

@@ -20,7 +20,7 @@ import torch
 
 from accelmigrate.engine.migrate import migrate_source
 
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY, exact_options
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 
 SCRIPT = FIXTURES / "accelerate" / "main_block_training.py"
@@ -30,7 +30,7 @@ MADE = {"accelerate": '    accelerator = Accelerator(cpu=not torch.cuda.is_avail
 
 @pytest.mark.parametrize("word", ["accelerate", "fabric"])
 def test_the_main_block_is_the_entry_point(word):
-    migrated = migrate_source(SCRIPT.read_text(), [(word, {})], "train.py").code
+    migrated = migrate_source(SCRIPT.read_text(), [(word, exact_options(word))], "train.py").code
     guard = migrated.index('if __name__ == "__main__":\n')
     assert migrated.index(MADE[word]) > guard
 
@@ -41,7 +41,7 @@ def test_two_processes_train_as_the_one_process_original(tmp_path, word):
     (tmp_path / "original").mkdir()
     (tmp_path / "two").mkdir()
     (tmp_path / "original" / "train.py").write_text(SCRIPT.read_text())
-    (tmp_path / "two" / "train.py").write_text(migrate_source(SCRIPT.read_text(), [(word, {})], "train.py").code)
+    (tmp_path / "two" / "train.py").write_text(migrate_source(SCRIPT.read_text(), [(word, exact_options(word))], "train.py").code)
     original = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp_path / "original", env=cpu_env(), timeout=600)
     assert original.returncode == 0, original.stderr[-3000:]
     Launch(tmp_path, "launch", on_two(tmp_path / "two" / "train.py"), cpu_env(), tmp_path / "two").wait().succeeded()
@@ -60,7 +60,7 @@ DEVICE_AT_TOP = FIXTURES / "accelerate" / "module_level_device.py"
 @pytest.mark.parametrize("word", ["accelerate", "fabric"])
 def test_a_device_chosen_by_availability_at_the_top_stays(word):
     source = DEVICE_AT_TOP.read_text()
-    result = migrate_source(source, [(word, {})], "train.py")
+    result = migrate_source(source, [(word, exact_options(word))], "train.py")
     assert 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")\n' in result.code
     assert "prepare(" in result.code or "setup(" in result.code
     assert not [f.code for f in result.findings if not f.fixed and f.code.endswith(("27", "20"))]
@@ -75,5 +75,5 @@ def test_a_device_chosen_by_availability_at_the_top_stays(word):
 )
 def test_a_device_at_the_top_read_at_import_or_indexed_is_refused(change):
     source = DEVICE_AT_TOP.read_text().replace(*change)
-    result = migrate_source(source, [("accelerate", {})], "train.py")
+    result = migrate_source(source, [("accelerate", PARITY)], "train.py")
     assert "AM827" in {f.code for f in result.findings} and "Accelerator(" not in result.code

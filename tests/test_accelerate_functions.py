@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY, exact_options
 from launching import (
     ONE_PROCESS_TOLERANCE,
     RANK_WEIGHTS,
@@ -43,7 +43,7 @@ EPOCHS = 3  # the fixture's default
 
 
 def _migrate(source: str):
-    return migrate_source(source, [("accelerate", {})], "train.py")
+    return migrate_source(source, [("accelerate", PARITY)], "train.py")
 
 
 def _refusals(result) -> list[str]:
@@ -159,7 +159,7 @@ def test_the_other_spellings_of_the_cpu_choice_keep_the_cpu_too(flag, dest, word
         f'parser.add_argument("{flag}", action="store_true", default=False, help="train on the CPU")',
     ).replace("use_cuda = not args.no_cuda and", f"use_cuda = not args.{dest} and")
     assert flag in source
-    result = migrate_source(source, [(word, {})], "train.py")
+    result = migrate_source(source, [(word, exact_options(word))], "train.py")
     assert reads.format(dest) in result.code
 
 
@@ -182,7 +182,7 @@ def runs(tmp_path_factory):
     chained = {}
     for word in ("accelerate", "fabric"):
         chained[word] = work / f"chain_{word}.py"  # not accelerate.py: it would shadow the package
-        chained[word].write_text(migrate_source(CHAIN.read_text(), [(word, {})], "train.py").code)
+        chained[word].write_text(migrate_source(CHAIN.read_text(), [(word, exact_options(word))], "train.py").code)
     weights = ["--save-model", "{folder}/weights.pt"]
     plans = {
         "original": [sys.executable, str(EXAMPLES), *weights],

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, exact_options
 from launching import (
     ONE_PROCESS_TOLERANCE,
     RANK_WEIGHTS,
@@ -65,7 +65,7 @@ CASES = {
 
 
 def _migrate(source: str, word: str):
-    return migrate_source(source, [(word, {})], "train.py")
+    return migrate_source(source, [(word, exact_options(word))], "train.py")
 
 
 def _refusals(result) -> list[str]:

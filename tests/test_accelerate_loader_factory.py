@@ -13,14 +13,14 @@ from __future__ import annotations
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from conftest import FIXTURES
+from conftest import FIXTURES, exact_options
 from test_ddp_param_groups import expected_pair_parity
 
 CASE = FIXTURES / "accelerate" / "loader_made_by_a_function_of_the_script.py"
 
 
 def _migrate(source: str, word: str = "accelerate"):
-    return migrate_source(source, [(word, {})], CASE.name)
+    return migrate_source(source, [(word, exact_options(word))], CASE.name)
 
 
 def test_the_loader_is_prepared_where_the_script_receives_it_and_dispatched():

@@ -19,7 +19,7 @@ import re
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import PARITY, ROOT
 from launching import cpu_env, launch_all, on_two
 
 from accelmigrate.engine.migrate import migrate_source
@@ -31,7 +31,7 @@ FLOAT = re.compile(r"-?\d+\.\d+")
 
 
 def _migrate(source: str):
-    return migrate_source(source, [("accelerate", {})], "train.py")
+    return migrate_source(source, [("accelerate", PARITY)], "train.py")
 
 
 @pytest.mark.parametrize("case", SHARDED)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY
 from test_ddp_param_groups import expected_pair_parity
 
 CASE = FIXTURES / "accelerate" / "loader_made_each_epoch.py"
@@ -25,7 +25,7 @@ def test_the_loader_is_prepared_where_it_is_made_and_the_rest_once():
 
 def test_fabric_refuses_a_loader_made_each_epoch():
     source = CASE.read_text()
-    result = migrate_source(source, [("fabric", {})], CASE.name)
+    result = migrate_source(source, [("fabric", PARITY)], CASE.name)
     assert result.code == source
     assert any(f.code == "AM920" and "bound inside or after the training loop" in f.message for f in result.findings)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY
 from launching import (
     ONE_PROCESS_TOLERANCE,
     RANK_WEIGHTS,
@@ -44,7 +44,7 @@ GPU_INDEX_FLAG = REACH / "reach_gpu_index_flag.py"
 
 
 def _migrate(source: str):
-    return migrate_source(source, [("accelerate", {})], "train.py")
+    return migrate_source(source, [("accelerate", PARITY)], "train.py")
 
 
 def _refusals(result) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY
 from test_ddp_param_groups import expected_pair_parity, parity_on_two
 
 CASE = FIXTURES / "accelerate" / "padded_sequences_time_first.py"
@@ -22,7 +22,7 @@ BATCH_FIRST = ("padding_value=padding_value)", "padding_value=padding_value, bat
 
 
 def _migrate(source: str):
-    return migrate_source(source, [("accelerate", {})], CASE.name)
+    return migrate_source(source, [("accelerate", PARITY)], CASE.name)
 
 
 def test_a_shuffled_loader_padded_time_first_is_refused_at_its_padding():

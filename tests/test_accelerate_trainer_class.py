@@ -23,15 +23,16 @@ from __future__ import annotations
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from conftest import FIXTURES
+from conftest import FIXTURES, exact_options
 from test_ddp_param_groups import expected_pair_parity, parity_on_two
 
 CASE = FIXTURES / "accelerate" / "trainer_class_receives.py"
 BUILDS = FIXTURES / "accelerate" / "solver_class_builds.py"
 
 
-def _migrate(source: str, word: str = "accelerate"):
-    return migrate_source(source, [(word, {})], "train.py")
+def _migrate(source: str, word: str = "accelerate", default: bool = False):
+    """With exact parity, but as the fixtures are written (Accelerate's defaults) with `default`."""
+    return migrate_source(source, [(word, {} if default else exact_options(word))], "train.py")
 
 
 def test_the_methods_on_the_way_to_the_step_receive_the_accelerator():
@@ -55,7 +56,7 @@ def test_a_trainer_calling_super_with_its_own_name_is_a_trainer_still():
 
     source = edit(CASE.read_text())
     assert "super(Trainer, self)" in source
-    assert _migrate(source).code == edit(CASE.with_name(f"{CASE.stem}.expected.py").read_text())
+    assert _migrate(source, default=True).code == edit(CASE.with_name(f"{CASE.stem}.expected.py").read_text())
 
 
 def test_a_method_under_no_grad_that_prints_receives_the_accelerator_too():

@@ -44,7 +44,7 @@ for epoch in range(2):
 def test_flat_script_on_two_processes_matches_one(tmp_path: Path):
     script = tmp_path / "ddp_plain_flat.py"
     script.write_text((SCRIPTS / "ddp_plain_flat.py").read_text())
-    code, result = run_verify(str(script), "--to", "accelerate", "--steps", "4", "--", str(tmp_path))
+    code, result = run_verify(str(script), "--to", "accelerate=parity", "--steps", "4", "--", str(tmp_path))
     assert code == 0, result
     assert result["processes"] == 2
     assert result["verdict"] == "same"
@@ -54,7 +54,23 @@ def test_flat_script_on_two_processes_matches_one(tmp_path: Path):
 def test_loss_summed_over_the_batch_on_two_processes_matches_one(tmp_path: Path, shuffle: bool):
     script = tmp_path / "summed.py"
     script.write_text(SUMMED_LOSS.replace("shuffle=False", f"shuffle={shuffle}"))
-    code, result = run_verify(str(script), "--to", "accelerate", "--steps", "6")
+    code, result = run_verify(str(script), "--to", "accelerate=parity", "--steps", "6")
     assert code == 0, result
     assert result["processes"] == 2
     assert result["verdict"] == "same"
+
+
+@pytest.mark.parametrize("word", ["accelerate", "fabric"])
+def test_by_default_two_processes_train_as_the_original_with_twice_the_batch(tmp_path: Path, word: str):
+    """Accelerate's and Fabric's defaults: each rank loads the loader's batch size, so verify compares the 2
+    processes with the original at twice the batch, step for step; shuffled, the sampler's order differs from the
+    original's, and verify names the migration's note for it."""
+    script = tmp_path / "summed.py"
+    script.write_text(SUMMED_LOSS)
+    code, result = run_verify(str(script), "--to", word, "--steps", "4")
+    assert code == 0, result
+    assert (result["processes"], result["reference_batch_scale"], result["verdict"]) == (2, 2, "same")
+    script.write_text(SUMMED_LOSS.replace("shuffle=False", "shuffle=True"))
+    code, result = run_verify(str(script), "--to", word, "--steps", "4")
+    assert result["verdict"] == "differ", result
+    assert ("AM835" if word == "accelerate" else "AM910") in result["expected"]

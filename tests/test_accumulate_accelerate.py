@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY
 from launching import (
     ONE_PROCESS_TOLERANCE,
     RANK_WEIGHTS,
@@ -48,8 +48,8 @@ CASES = FIXTURES / "accumulate"
 # Clipping to a norm the gradients exceed would hide a step's scale (the short last group's).
 LOOSE_NORM = 100.0
 UNCLIPPED = ("--max-norm", str(LOOSE_NORM))
-WORDS = [("accelerate", {}), ("accumulate", {"value": str(STEPS)})]
-FABRIC_WORDS = [("fabric", {}), ("accumulate", {"value": str(STEPS)})]
+WORDS = [("accelerate", PARITY), ("accumulate", {"value": str(STEPS)})]
+FABRIC_WORDS = [("fabric", PARITY), ("accumulate", {"value": str(STEPS)})]
 
 
 def _migrated(name: str, words=WORDS):

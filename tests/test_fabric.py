@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCRIPTS, run_cli
+from conftest import PARITY, ROOT, SCRIPTS, run_cli
 from launching import ONE_PROCESS_TOLERANCE, cpu_env, launch_all, on_two
 
 from accelmigrate.engine.migrate import migrate_source
@@ -31,7 +31,7 @@ EPOCHS = 3
 
 
 def _migrate(source: str) -> object:
-    return migrate_source(source, [("fabric", {})], "train.py")
+    return migrate_source(source, [("fabric", PARITY)], "train.py")
 
 
 def test_codemod_does_not_import_torch_or_lightning():

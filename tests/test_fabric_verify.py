@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def test_flat_script_on_two_processes_matches_one(tmp_path: Path):
     script = tmp_path / "ddp_plain_flat.py"
     script.write_text((SCRIPTS / "ddp_plain_flat.py").read_text())
-    code, result = run_verify(str(script), "--to", "fabric", "--steps", "4", "--", str(tmp_path))
+    code, result = run_verify(str(script), "--to", "fabric=parity", "--steps", "4", "--", str(tmp_path))
     assert code == 0, result
     assert result["processes"] == 2
     assert result["verdict"] == "same"
@@ -30,7 +30,7 @@ def test_flat_script_on_two_processes_matches_one(tmp_path: Path):
 def test_loss_summed_over_the_batch_on_two_processes_matches_one(tmp_path: Path):
     script = tmp_path / "summed.py"
     script.write_text(SUMMED_LOSS)  # unshuffled: each step trains on the original's batch
-    code, result = run_verify(str(script), "--to", "fabric", "--steps", "6")
+    code, result = run_verify(str(script), "--to", "fabric=parity", "--steps", "6")
     assert code == 0, result
     assert result["processes"] == 2
     assert result["verdict"] == "same"

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY
 from launching import Launch, cpu_env, on_two
 
 HOST_DATA = (FIXTURES / "accelerate" / "refused_evaluation_on_host_data.py").read_text()
@@ -90,11 +90,14 @@ PER_PROCESS = {"accelerate": "accelerator.num_processes", "fabric": "fabric.worl
 
 @pytest.mark.parametrize("word", ["accelerate", "fabric"])
 def test_shapes_sized_by_the_batch_take_this_processs_share(word):
-    result = migrate_source(VIEWED, [(word, {})], "train.py")
+    result = migrate_source(VIEWED, [(word, PARITY)], "train.py")
     share = f"batch_size // {PER_PROCESS[word]}"
     assert f"x.view({share}, -1)" in result.code
     assert f"torch.zeros({share}, 1, device=device)" in result.code
     assert [f.code for f in result.findings if f.code.endswith("32")] == [REFUSAL[word][:3] + "32"] * 2
+    # By default each process loads the loader's batch size: the shapes stay as written.
+    default = migrate_source(VIEWED, [(word, {})], "train.py")
+    assert "x.view(batch_size, -1)" in default.code and not [f for f in default.findings if f.code.endswith("32")]
 
 
 @pytest.mark.slow
@@ -103,7 +106,7 @@ def test_two_processes_end_on_the_one_process_weights(tmp_path, word):
     import torch
 
     (tmp_path / "original.py").write_text(VIEWED)
-    (tmp_path / "migrated.py").write_text(migrate_source(VIEWED, [(word, {})], "train.py").code)
+    (tmp_path / "migrated.py").write_text(migrate_source(VIEWED, [(word, PARITY)], "train.py").code)
     done = subprocess.run([sys.executable, "original.py", "original.pt"], capture_output=True, text=True, cwd=tmp_path, env=cpu_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     Launch(tmp_path, "two", on_two(tmp_path / "migrated.py", "migrated.pt"), cpu_env(), tmp_path).wait().succeeded()

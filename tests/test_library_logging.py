@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
+from conftest import PARITY
 from launching import Launch, cpu_env, on_two
 
 LOGGED = """\\
@@ -53,7 +54,7 @@ def test_logging_lines_go_under_the_main_process(word):
 @pytest.mark.parametrize("word", ["accelerate", "fabric"])
 def test_two_processes_log_each_line_once(tmp_path, word):
     (tmp_path / "original.py").write_text(LOGGED)
-    (tmp_path / "migrated.py").write_text(migrate_source(LOGGED, [(word, {})], "train.py").code)
+    (tmp_path / "migrated.py").write_text(migrate_source(LOGGED, [(word, PARITY)], "train.py").code)
     original = subprocess.run([sys.executable, "original.py"], capture_output=True, text=True, cwd=tmp_path, env=cpu_env(), timeout=600)
     assert original.returncode == 0, original.stderr[-3000:]
     Launch(tmp_path, "two", on_two(tmp_path / "migrated.py"), cpu_env(), tmp_path).wait().succeeded()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from accelmigrate.project.modules import optimizer_classes
-from conftest import FIXTURES, run_python
+from conftest import FIXTURES, exact, run_python
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 from test_cli import invoke
 from test_ddp_param_groups import expected_pair_parity
@@ -41,9 +41,9 @@ def test_the_scripts_own_optimizer_class_trains_on_two_processes_to_the_one_proc
 @pytest.mark.parametrize("word", ["ddp", "accelerate", "fabric", "checklist"])
 def test_an_optimizer_imported_from_the_project_is_migrated_by_every_word(tmp_path, word):
     project = shutil.copytree(PROJECT, tmp_path / "project")
-    done = invoke("apply", "--to", word, "--no-cache", "--runtime", "train.py", cwd=project)
+    done = invoke("apply", "--to", exact(word), "--no-cache", "--runtime", "train.py", cwd=project)
     assert done.exit_code == 0 and "1 file(s) changed, 1 unchanged" in done.output, done.output
-    checked = invoke("check", "--to", word, "--no-cache", "train.py", cwd=project)
+    checked = invoke("check", "--to", exact(word), "--no-cache", "train.py", cwd=project)
     assert checked.exit_code == 0, checked.output  # nothing left, no refusal
     if word == "ddp":
         assert (project / "train.py").read_text() == (EXPECTED / "ddp" / "train.expected.py").read_text()

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from accelmigrate.engine.migrate import process_files
-from conftest import FIXTURES, run_python
+from conftest import FIXTURES, exact, run_python
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 from test_cli import invoke
 from test_project import plan
@@ -35,8 +35,9 @@ def copy_to(folder: Path) -> Path:
     return folder
 
 
-def migrated(folder: Path, word: str = "accelerate", *scripts: str):
-    return process_files([str(folder / s) for s in scripts or ("train.py",)], plan(word), jobs=1, follow_imports=True, write=True)
+def migrated(folder: Path, word: str = "accelerate", *scripts: str, parity: bool = True):
+    words = exact(word) if parity else word
+    return process_files([str(folder / s) for s in scripts or ("train.py",)], plan(words), jobs=1, follow_imports=True, write=True)
 
 
 def findings(results) -> dict[str, list[str]]:
@@ -46,13 +47,13 @@ def findings(results) -> dict[str, list[str]]:
 @pytest.mark.parametrize("word", WORDS)
 def test_the_script_and_its_loop_module_are_migrated_as_one_change(tmp_path, word):
     project = copy_to(tmp_path / "project")
-    done = invoke("apply", "--to", word, "--no-cache", "train.py", cwd=project)
+    done = invoke("apply", "--to", exact(word), "--no-cache", "train.py", cwd=project)
     assert done.exit_code == 0 and "2 file(s) changed" in done.output, done.output
     for name in ("train.py", "engine.py"):
         assert (project / name).read_text() == (EXPECTED / word / name.replace(".py", ".expected.py")).read_text(), name
     for name in ("data.py", "finetune.py"):  # finetune.py's `fit` loop is no script's of this run: left as it is
         assert (project / name).read_text() == (PROJECT / name).read_text(), name
-    again = invoke("apply", "--to", word, "--no-cache", "train.py", cwd=project)
+    again = invoke("apply", "--to", exact(word), "--no-cache", "train.py", cwd=project)
     assert again.exit_code == 0 and "0 file(s) changed, 3 unchanged" in again.output, again.output
 
 
@@ -191,6 +192,14 @@ def test_fabric_leaves_a_script_whose_loader_another_module_builds(tmp_path):
     found = findings(migrated(project, "fabric"))
     assert "16:50 AM929" in found["train.py"], found
     assert {p.name: p.read_text() for p in project.glob("*.py")} == before
+
+
+def test_by_default_fabric_sets_up_the_loader_another_module_builds(tmp_path):
+    """Fabric's default keeps each process's batch as the loader was built: nothing to divide in data_setup.py."""
+    project = shutil.copytree(MODULAR, tmp_path / "project")
+    found = findings(migrated(project, "fabric", parity=False))
+    assert set(found["train.py"]) <= {"13:1 AM934", "16:50 AM911"}, found
+    assert "train_dataloader = fabric.setup_dataloaders(train_dataloader)" in (project / "train.py").read_text()
 
 
 @pytest.mark.slow

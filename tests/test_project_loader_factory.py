@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import FIXTURES, run_python
+from conftest import FIXTURES, exact, run_python
 from launching import ONE_PROCESS_TOLERANCE, Launch, cpu_env, on_two
 from test_cli import invoke
 
@@ -23,7 +23,7 @@ PROJECT = FIXTURES / "projects" / "loader_factory"
 
 def migrated(folder, word):
     project = shutil.copytree(PROJECT, folder)
-    done = invoke("apply", "--to", word, "--no-cache", "train.py", cwd=project)
+    done = invoke("apply", "--to", exact(word), "--no-cache", "train.py", cwd=project)
     assert done.exit_code == 0, done.output
     return project
 
@@ -78,7 +78,7 @@ def test_accelerate_refuses_a_returned_loader_padded_time_first(tmp_path, batch_
         + PADDED.format(flag=", batch_first=True" if batch_first else "")
     )
     before = {path.name: path.read_text() for path in project.glob("*.py")}
-    done = invoke("apply", "--to", "accelerate", "--no-cache", "train.py", cwd=project)
+    done = invoke("apply", "--to", "accelerate=parity", "--no-cache", "train.py", cwd=project)
     after = {path.name: path.read_text() for path in project.glob("*.py")}
     if batch_first:
         assert done.exit_code == 0, done.output

@@ -16,7 +16,7 @@ import torch
 from accelmigrate.engine.migrate import migrate_source
 from accelmigrate.runtime import distributed
 
-from conftest import FIXTURES
+from conftest import FIXTURES, PARITY, exact_options
 from launching import Launch, cpu_env, on_two
 
 EPOCH = textwrap.dedent(
@@ -104,10 +104,10 @@ def test_a_world_of_one_keeps_each_values_type():
 
 def test_accelerate_and_fabric_keep_each_totals_type():
     source = (FIXTURES / "ddp" / "running_totals_after_loop.py").read_text()
-    accelerate = migrate_source(source, [("accelerate", {})], "train.py")
+    accelerate = migrate_source(source, [("accelerate", PARITY)], "train.py")
     assert "AM833" in {f.code for f in accelerate.findings}
     assert 'hits = accelerator.reduce(torch.tensor(hits, dtype=torch.int64, device=accelerator.device), reduction="sum").item()' in accelerate.code
-    fabric = migrate_source(source, [("fabric", {})], "train.py").code
+    fabric = migrate_source(source, [("fabric", PARITY)], "train.py").code
     assert 'batch_means = fabric.all_reduce(torch.tensor(batch_means, dtype=torch.float64), reduce_op="mean").item()' in fabric
 
 
@@ -118,7 +118,7 @@ def test_two_processes_print_the_one_process_epoch_figures(tmp_path, word):
     if word == "fabric":  # Fabric's sampler shuffles in another order than the one-process loader (AM910)
         source = source.replace("shuffle=True", "shuffle=False")
     (tmp_path / "original.py").write_text(source)
-    (tmp_path / "migrated.py").write_text(migrate_source(source, [(word, {})], "train.py").code)
+    (tmp_path / "migrated.py").write_text(migrate_source(source, [(word, exact_options(word))], "train.py").code)
     original = subprocess.run([sys.executable, "original.py"], capture_output=True, text=True, cwd=tmp_path, env=cpu_env(), timeout=600)
     assert original.returncode == 0, original.stderr[-3000:]
     Launch(tmp_path, "two", on_two(tmp_path / "migrated.py"), cpu_env(), tmp_path).wait().succeeded()

@@ -80,18 +80,18 @@ def test_the_ddp_copy_on_two_processes_ends_with_the_one_process_weights(tmp_pat
 @pytest.mark.slow
 def test_the_accelerate_copy_on_two_processes_ends_with_the_one_process_weights(tmp_path):
     """FLAT shuffles: rank 0 draws the original's order and dispatches it (AM810)."""
-    copy, _, wrong = reach.migrate(FLAT, "accelerate", tmp_path)
+    copy, _, wrong = reach.migrate(FLAT, "accelerate=parity", tmp_path)
     assert not wrong and "accelerator.prepare(" in copy.read_text()
-    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity", reach.MULTI_PROCESS["accelerate"])
+    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity", reach.MULTI_PROCESS["accelerate=parity"])
     assert parity.verdict == "same", parity.why
 
 
 @pytest.mark.slow
 def test_the_fabric_copy_of_a_shuffled_script_differs_as_its_note_says(tmp_path):
     """Fabric's DistributedSampler draws another order on 2 processes (AM910)."""
-    copy, unfixed, wrong = reach.migrate(FLAT, "fabric", tmp_path)
+    copy, unfixed, wrong = reach.migrate(FLAT, "fabric=parity", tmp_path)
     assert not wrong and "fabric.setup(" in copy.read_text()
-    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity", reach.MULTI_PROCESS["fabric"])
+    parity = reach.parity_on_two(FLAT, copy, tmp_path / "parity", reach.MULTI_PROCESS["fabric=parity"])
     assert parity.verdict == "differ", parity.why
     found = reach.announced(parity, frozenset(f.code for f in unfixed))
     assert found.verdict == "expected" and found.why.endswith("as note AM910 says")

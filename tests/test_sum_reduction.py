@@ -28,7 +28,7 @@ from accelmigrate.codemods.script import ScriptModel
 from accelmigrate.codemods.script.reduction import MEAN, SUM, UNCLEAR, backward_reduction
 from accelmigrate.engine.migrate import migrate_source
 
-from conftest import run_cli, run_python
+from conftest import exact_options, run_cli, run_python
 
 TOLERANCE = 1e-5  # as the accumulate and ddp parity tests: float sums in another order
 
@@ -447,7 +447,7 @@ SUMMED_BY_A_LOOP = SUM_TRAIN.replace(
 def test_a_loss_summed_by_python_over_a_loop_is_refused_by_the_words_that_split_the_batch(word, code):
     """Each term a sample's loss: the batch's sum, which each of these words
     would average over its parts (half the gradient on two)."""
-    plan = [("accumulate", {"value": "2"})] if word == "accumulate" else [(word, {})]
+    plan = [("accumulate", {"value": "2"})] if word == "accumulate" else [(word, exact_options(word))]
     result = migrate_source(SUMMED_BY_A_LOOP, plan, "train.py")
     assert code in [f.code for f in result.findings if not f.fixed], result.findings
     assert result.code == SUMMED_BY_A_LOOP

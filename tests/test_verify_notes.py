@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from accelmigrate.engine.migrate import migrate_source
-from conftest import SCRIPTS
+from conftest import SCRIPTS, exact
 from test_verify_trust import project_with, run_verify
 
 BATCH_NORM_NET = '''
@@ -113,7 +113,7 @@ def test_a_draw_in_a_function_the_step_calls_is_noted(word, note):
 @pytest.mark.parametrize("word, note", [("ddp", "AM536"), ("accelerate", "AM811"), ("fabric", "AM911")])
 def test_verify_names_the_note_of_an_uneven_last_batch(tmp_path, word, note):
     project = project_with(tmp_path, "char_lstm.py")
-    code, result = run_verify(str(project / "char_lstm.py"), "--to", word, "--steps", "8", "--json")
+    code, result = run_verify(str(project / "char_lstm.py"), "--to", exact(word), "--steps", "8", "--json")
     assert code == 1 and result["verdict"] == "differ", result
     assert result["first_differing_step"] == 6, result  # the epoch's sixth batch holds its last 9 sequences
     assert "step 6's batch of 9 samples ran as " in result["expected"], result["expected"]

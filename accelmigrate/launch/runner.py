@@ -58,6 +58,7 @@ from typing import Any, Mapping, Optional, Sequence
 import click
 
 from accelmigrate.launch import slurm
+from accelmigrate.launch.frameworks import tell_frameworks
 from accelmigrate.launch.process_group import initialises_process_group, module_entry_file, pythonpath_folders
 from accelmigrate.launch.torch_check import require_torch
 
@@ -591,6 +592,9 @@ def run_command(
             max_restarts=max_restarts,
         )
         check_process_group(source, processes * _max_nodes(nnodes or "1"), force, module is not None)
+        import torch
+
+        tell_frameworks(os.environ, processes, _max_nodes(nnodes or "1"), torch.cuda.is_available())
     except (LaunchError, slurm.SlurmError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(launch(argv))

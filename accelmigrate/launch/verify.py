@@ -43,9 +43,11 @@ from typing import Any, Optional, Sequence
 import click
 
 from accelmigrate.codemods import DEFAULT_WORDS
+from accelmigrate.codemods._options import ddp_batch_mode, exact_parity
 from accelmigrate.engine.migrate import process_files
 from accelmigrate.engine.selection import config_for, plan_for
 from accelmigrate.files.sources import InputError, SourceText, read_source
+from accelmigrate.launch.frameworks import tell_frameworks
 from accelmigrate.launch.torch_check import require_torch
 from accelmigrate.launch.verify_runs import RECORDER, RunFailed, Stopped, Workspace, stop_on_signals
 
@@ -101,10 +103,18 @@ def setup_for(words: dict[str, dict[str, str]], processes: int) -> Setup:
         raise VerifyError("batch-scale changes the training on purpose (batch size and learning rate): nothing to compare")
     accumulate = int(words["accumulate"].get("value", "1")) if "accumulate" in words else 1
     processes = processes if words.keys() & {"ddp", "accelerate", "fabric"} else 1
-    # ddp, accelerate and fabric keep the global batch (each rank loads its share of
-    # it), so only accumulation makes the migrated step bigger than the original's.
+    # ddp and accelerate=parity (fabric=parity) keep the global batch, each rank loading its share of it; Accelerate's
+    # and Fabric's defaults (and ddp=per-process) give each rank a batch of the original's size: the reference
+    # then loads N times larger batches.
+    per_process = processes > 1 and any(_loads_per_process(word, options) for word, options in words.items())
     summed = accumulate > 1 or processes > 1
-    return Setup(batch_scale=accumulate, processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
+    return Setup(batch_scale=accumulate * (processes if per_process else 1), processes=processes, rtol=ROUNDING_RTOL if summed else EXACT_RTOL)
+
+
+def _loads_per_process(word: str, options: dict[str, str]) -> bool:
+    if word == "ddp":
+        return ddp_batch_mode(options) == "per-process"
+    return word in ("accelerate", "fabric") and not exact_parity(word, options)
 
 
 @dataclasses.dataclass
@@ -124,6 +134,7 @@ class MigratedCopy:
 # by what makes it: a batch shared out unevenly, statistics or random draws
 # computed on each part of a split batch.
 UNEVEN_NOTES = frozenset({"AM536", "AM811", "AM911"})
+ORDER_NOTES = frozenset({"AM835", "AM910"})
 STATISTICS_NOTES = frozenset({"AM538", "AM614", "AM817", "AM917"})
 DRAW_NOTES = frozenset({"AM535", "AM816", "AM916"})
 
@@ -145,7 +156,7 @@ def migrated_copy(script: Path, words_spec: Optional[str], runtime: bool = False
     own = results[0]  # the named file comes first, the modules it reaches after it
     modules = {Path(r.path).resolve(): SourceText(r.migrated, r.encoding) for r in results[1:] if r.changed}
     words = {word: dict(options) for word, options in plan}
-    explaining = UNEVEN_NOTES | STATISTICS_NOTES | DRAW_NOTES
+    explaining = UNEVEN_NOTES | STATISTICS_NOTES | DRAW_NOTES | ORDER_NOTES
     notes = [(Path(r.path).name, f) for r in results for f in r.findings if f.code in explaining]
     return MigratedCopy(source, SourceText(own.migrated or source.text, source.encoding), words, modules, notes)
 
@@ -161,14 +172,11 @@ def _environment(steps: int, batch_scale: int = 1, map_cuda: bool = False) -> di
     return env
 
 
-def _migrated_environment(steps: int, words: dict[str, dict[str, str]]) -> dict[str, str]:
-    env = _environment(steps)
-    if "accelerate" in words:
-        import torch
+def _migrated_environment(steps: int, processes: int) -> dict[str, str]:
+    import torch
 
-        # Without CUDA, accelerate makes torchrun's processes one group only when told to use the CPU.
-        if not torch.cuda.is_available():
-            env.setdefault("ACCELERATE_USE_CPU", "true")
+    env = _environment(steps)
+    tell_frameworks(env, processes, 1, torch.cuda.is_available())
     return env
 
 
@@ -280,7 +288,7 @@ def verify(
             # the migration's whole point is that its copy needs none.
             reference = workspace.run("original", original, script_args, _environment(steps, setup.batch_scale, map_cuda=True))[0]
             migrated = workspace.run(
-                "migrated", migrated_source, script_args, _migrated_environment(steps, words), setup.processes, copy.modules
+                "migrated", migrated_source, script_args, _migrated_environment(steps, setup.processes), setup.processes, copy.modules
             )
     except RunFailed as error:
         raise VerifyError(str(error)) from None
@@ -355,6 +363,8 @@ def _expected_difference(comparison: Comparison, setup: Setup, evidence: Evidenc
     uneven = evidence.uneven_share(comparison.first_difference) if setup.processes > 1 else None
     if uneven is not None:
         reasons.append(f"{uneven}, each averaging its own share{evidence.noted(UNEVEN_NOTES)}")
+    if setup.processes > 1 and evidence.noted(ORDER_NOTES):
+        reasons.append(f"the ranks read the training data in the order their distributed sampler draws, not the original's{evidence.noted(ORDER_NOTES)}")
     if evidence.batch_statistics:
         reasons.append(f"BatchNorm normalises each part of the batch split {split} with its own statistics{evidence.noted(STATISTICS_NOTES)}")
     if evidence.random_draws:

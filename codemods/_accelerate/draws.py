@@ -129,7 +129,7 @@ class Draws(BatchReading):
             f"batch splits evenly"
         )
         self.planner.plan.fixes.append((call, "AM815", message))
-        if self.planner.shuffled_loaders and self.planner.dispatches_shuffled_loaders:
+        if self.planner.shuffled_loaders and self.planner.dispatches_shuffled_loaders and self.planner.parity:
             behind = (
                 "on N processes the main process alone draws the shuffled loader's order, from the random numbers "
                 "the other processes draw this noise from: theirs runs behind its, so a seeded run trains as well as "

@@ -35,11 +35,14 @@ from .common import (
     ACCELERATOR,
     ADDED_NAMES,
     NO_CUDA,
+    PER_PROCESS_BATCHES,
+    SAMPLER_ORDER,
     CannotMigrate,
     Plan,
     accelerator_call,
     accelerator_statement,
     expression,
+    parity_accelerator_statement,
     statement,
     unwrapped,
 )
@@ -55,6 +58,7 @@ from .functions import (
 )
 from .handed import HandedStep, ReturnedLoader, handed_steps
 from .metrics import ShardedEvaluation
+from .placement import plan_placements
 from .precision import MANUAL_STEP, Precision, mixed_precision
 from .totals import accelerator_combined, plan_running_totals
 
@@ -87,6 +91,8 @@ class Planner:
 
     def __init__(self, codemod) -> None:
         self.codemod = codemod
+        # `accelerate=parity`: the one-process run's numbers on N processes (split and dispatched batches).
+        self.parity = codemod.parity
         self.script = codemod.script
         self.uses = uses_of(self.script)
         self.module: cst.Module = self.script.module
@@ -118,6 +124,7 @@ class Planner:
         prepared = self._plan_prepare(steps)
         self._plan_local_batch_shapes(own)
         plan_running_totals(self, own, self.combined_total)
+        plan_placements(self)
         self._write_accelerator()
         self._plan_backward(own)
         self._plan_clipping()
@@ -274,16 +281,28 @@ class Planner:
             raise CannotMigrate(self.module, "AM820", "no code that runs in this file to make the `Accelerator` in: accelerate changed nothing")
         self.accelerator_anchor = anchor
         self.moved_after = None  # the statement parsing a `--no-cuda` flag the Accelerator reads, when it follows
-        self.cpu = NO_CUDA
+        self.cpu, self.own_cpu_flag = NO_CUDA, None
         self.shuffled_loaders, self.returned_loaders, self.factory_loaders = [], [], []
-        self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
-        self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
+        if self.parity:
+            self.plan.imports += [("accelerate", "Accelerator"), ("accelerate", "DataLoaderConfiguration"), ("torch", None)]
+            self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the launch's processes (a world of one under plain `python`), picks the device, and keeps the DataLoader's batch size as the global batch (`split_batches=True`)"))
+        else:
+            self.plan.imports += [("accelerate", "Accelerator")]
+            self.plan.fixes.append((anchor, "AM801", "one `Accelerator` made here: it joins the processes `accelerate launch` starts (a world of one under plain `python`) and picks the device; the number of processes, the CPU or GPUs and the like come from `accelerate launch` or `accelerate config`"))
 
     def _write_accelerator(self) -> None:
-        """Written once the training loaders are read: a shuffled one is dispatched from rank 0."""
+        """Written once the training loaders are read: with `accelerate=parity`, a shuffled one is dispatched from
+        rank 0; by default Accelerate's own sharding, with the note that says what differs on N processes."""
+        if not self.parity:
+            made = accelerator_statement(self.precision.mode, self.own_cpu_flag)
+            self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(made, self.config))
+            self.plan.notes.append((self.accelerator_anchor, "AM834", PER_PROCESS_BATCHES))
+            for call in [*self.shuffled_loaders, *self.returned_loaders, *self.factory_loaders]:
+                self.plan.notes.append((call, "AM835", SAMPLER_ORDER))
+            return
         dispatch = bool(self.shuffled_loaders or self.returned_loaders or self.factory_loaders)
         self._refuse_time_first_batches(dispatch)
-        self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(accelerator_statement(dispatch, self.precision.mode, self.cpu), self.config))
+        self.plan.before.setdefault(self.accelerator_anchor, []).insert(0, statement(parity_accelerator_statement(dispatch, self.precision.mode, self.cpu), self.config))
         for call in self.shuffled_loaders:
             self.plan.fixes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): on N processes rank 0 alone iterates it, drawing the original's order, and sends each process its slice of every batch (`dispatch_batches=True`); its batches must be tensors"))
         for call in self.returned_loaders:
@@ -320,6 +339,7 @@ class Planner:
 
     def _plan_devices(self) -> None:
         self.gpu_index_calls = set()  # `.cuda(args.gpu)` and `torch.cuda.set_device(args.gpu)`: the flag's reads
+        self.accelerator_device_names = set()  # the entry point's names now bound to `accelerator.device`
         for binding in self.script.devices:
             if binding.kind in ("parameter", "parsed") or self._keeps_a_parameter(binding):
                 continue  # receives what the entry point passes: `accelerator.device`; `args.device` is its flag's
@@ -335,6 +355,7 @@ class Planner:
                 if isinstance(assign, cst.Assign) and len(assign.targets) == 1:
                     self.plan.edit(assign, lambda updated: updated.with_changes(value=expression(f"{ACCELERATOR}.device")))
                     self.plan.fixes.append((assign, "AM803", f"`{binding.name} = {ACCELERATOR}.device`: the device accelerate gives this process"))
+                    self.accelerator_device_names.add(binding.name)
                     if binding.kind == "string":
                         self._compare_device_types(binding)
                     continue
@@ -445,7 +466,8 @@ class Planner:
         if binding.name in DEVICE_NAME_FLAGS:
             self._refuse_other_device_reads(binding, flag.reads)
         self.cpu = f"{flag.asks_for_cpu} or not torch.cuda.is_available()"
-        self.plan.fixes.append((binding.node, "AM803", f"`Accelerator(cpu={self.cpu})`: the flag still keeps the run on the CPU"))
+        self.own_cpu_flag = flag.asks_for_cpu
+        self.plan.fixes.append((binding.node, "AM803", f"`Accelerator(cpu={self.cpu if self.parity else self.own_cpu_flag})`: the flag still keeps the run on the CPU"))
         return True
 
     def _refuse_other_device_reads(self, binding, reads) -> None:
@@ -608,7 +630,7 @@ class Planner:
         if not self.training_loaders:
             raise CannotMigrate(steps[0].backward, "AM820", "training loop over no DataLoader found: accelerate changed nothing; pass the training DataLoader through `accelerator.prepare` by hand")
         for scheduler in self.script.schedulers:
-            if scheduler.scope is self.entry:
+            if scheduler.scope is self.entry and (self.parity or self._stepped_per_batch(scheduler.name, steps)):
                 names[scheduler.name] = None
         first_training = min(self.body.index(self.entry_statement(step.backward)) for step in steps)
         # Evaluation loaders that can be sharded, prepared with the rest (their gathers planned).
@@ -650,6 +672,22 @@ class Planner:
         self.model_names = set(model_names)
         self.prepared_names = set(names)
         return set(model_names)
+
+    def _stepped_per_batch(self, scheduler: str, steps) -> bool:
+        """Every `scheduler.step()` the file calls by that name is in a loop over a training loader. A prepared
+        scheduler steps once per process at each call (an epoch of N processes has N times fewer batches, so a
+        schedule over batches keeps its length); one stepped per epoch would then decay N times faster, so by
+        default it stays as it is (AM836)."""
+        loops = [loop.node for step in steps for loop in step.loops if self.loader_of(loop) is not None]
+        calls = [
+            call for call in self.uses.calls
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "step" and dotted_name(call.func.value) == scheduler
+        ]
+        if all(any(a in loops for a in self.codemod.ancestors(call)) for call in calls):
+            return True  # or stepped under another name, where it cannot be told: prepared, as the guide does
+        if calls:  # stepped elsewhere as well: per epoch
+            self.plan.notes.append((calls[0], "AM836", f"`{scheduler}` steps once per epoch: left out of `{ACCELERATOR}.prepare`, which would step it once per process at each call (for schedules over batches)"))
+        return False
 
     def loader_of(self, loop):
         """The DataLoader a training loop iterates: the script's own (`loop.loader`), or one that a function of
@@ -810,7 +848,7 @@ class Planner:
         passed = {dotted_name(a.value) for a in call.args if isinstance(a.value, (cst.Name, cst.Attribute))}
         for loop in (loop for step in self.steps for loop in step.loops if self.loader_of(loop) is loader):
             for node in walk(loop.node.body) if isinstance(loop.node, cst.For) else ():
-                if isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) in passed and is_shape_argument(self.codemod, node):
+                if self.parity and isinstance(node, (cst.Name, cst.Attribute)) and dotted_name(node) in passed and is_shape_argument(self.codemod, node):
                     raise CannotMigrate(node, "AM829", f"`{code_of(node)}`, passed to `{code_of(call.func)}` that makes the training DataLoader, shapes a tensor in the loop: if it is the batch size, each process now holds a share of it: accelerate changed nothing; shape it from the batch itself (`x.size(0)`), then run accelerate again")
         self._dispatch_unread(call, self.factory_loaders)
 
@@ -822,7 +860,7 @@ class Planner:
             raise CannotMigrate(loader.at, "AM829", f"training DataLoader `{loader.name}` not made by a DataLoader(...) call here: accelerate changed nothing")
         settings = self._loader_settings(call)
         sizes = settings.get("batch_size", [])
-        if "batch_sampler" not in settings and (not sizes or any(isinstance(s, cst.Integer) and int(s.value) == 1 for s in sizes)):
+        if self.parity and "batch_sampler" not in settings and (not sizes or any(isinstance(s, cst.Integer) and int(s.value) == 1 for s in sizes)):
             raise CannotMigrate(call, "AM829", "training DataLoader with a batch of one: the processes cannot split it; give it a batch size that the number of processes divides, then run accelerate again")
         shuffled = any(not (isinstance(s, cst.Name) and s.value == "False") for s in settings.get("shuffle", []))
         # A sampler of the script's own (RandomSampler) is reseeded by `prepare` just as `shuffle=True` is.
@@ -837,8 +875,8 @@ class Planner:
         (`x.view(batch_size, -1)`, `torch.zeros(batch_size, 1)`): each process
         now holds its share of every batch, so those sizes read
         `batch_size // accelerator.num_processes` (`prepare` refuses a batch
-        the processes do not divide)."""
-        for step in steps:
+        the processes do not divide). By default each process loads the loader's batch size: nothing to change."""
+        for step in steps if self.parity else ():
             for loop in step.loops or step.called_in_loops:
                 if loop.loader is None or not isinstance(loop.node, cst.For) or not self.script.is_dataloader(loop.loader.value):
                     continue  # a loader a function makes: refused above where its arguments shape a tensor

@@ -32,20 +32,24 @@ ACCELERATOR_CHOICE = '"cuda" if torch.cuda.is_available() else "cpu"'
 PRECISIONS = {'"fp16"': '"16-mixed"', '"bf16"': '"bf16-mixed"'}
 
 
-def fabric_statements(accelerate_mode: str | None, cpu: str = NO_CUDA) -> tuple[str, str]:
+def fabric_statements(accelerate_mode: str | None, cpu: str = NO_CUDA, parity: bool = True) -> tuple[str, str]:
     """The lines that make and launch the Fabric object. `cpu`: the planner's
     expression that is true where the run stays on the CPU (a `--no-cuda`
-    flag, or no CUDA)."""
-    choice = ACCELERATOR_CHOICE if cpu == NO_CUDA else f'"cpu" if {cpu} else "cuda"'
-    on_cuda = "torch.cuda.is_available()" if cpu == NO_CUDA else f"not ({cpu})"
-    precision = ""
+    flag, or no CUDA). Without `parity`, the guide's `Fabric()`: what the
+    script chose itself (its mixed precision, its `--no-cuda` flag) and
+    nothing else; the devices and nodes come from `fabric run` (LT_DEVICES, ...)."""
+    own_flag = cpu != NO_CUDA
+    on_cuda = "torch.cuda.is_available()" if not own_flag else f"not ({cpu})"
+    settings = []
     if accelerate_mode:
         mode = next(fabric for accelerate, fabric in PRECISIONS.items() if accelerate_mode.startswith(accelerate))  # checked by the planner
-        precision = f"precision={mode} if {on_cuda} else \"32-true\", "
-    return (
-        f"{FABRIC} = Fabric({precision}accelerator={choice}, devices={DEVICES}, num_nodes={NODES})",
-        f"{FABRIC}.launch()",
-    )
+        settings.append(f"precision={mode} if {on_cuda} else \"32-true\"")
+    if parity:
+        choice = ACCELERATOR_CHOICE if not own_flag else f'"cpu" if {cpu} else "cuda"'
+        settings += [f"accelerator={choice}", f"devices={DEVICES}", f"num_nodes={NODES}"]
+    elif own_flag:
+        settings.append(f'accelerator="cpu" if {cpu.removesuffix(f" or {NO_CUDA}")} else "auto"')
+    return f"{FABRIC} = Fabric({', '.join(settings)})", f"{FABRIC}.launch()"
 
 
 def strided_rows(size: str) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from .._accelerate.common import CannotMigrate, statement
+from .._accelerate.common import PER_PROCESS_BATCHES, CannotMigrate, statement
 from .._accelerate.plan import THROUGH_UNWRAP, WRAPPER_SAFE, Planner
 from .._accelerate.totals import reduction_of
 from .._base import CLIP_GRAD_FUNCTIONS, code_of, dotted_name, keyword_arg
@@ -93,16 +93,21 @@ class FabricPlanner(Planner):
 
     def _plan_accelerator(self) -> None:
         super()._plan_accelerator()
-        self.plan.imports = [(m, n) for m, n in self.plan.imports if m != "accelerate"] + [("lightning_fabric", "Fabric"), ("os", None)]
+        self.plan.imports = [(m, n) for m, n in self.plan.imports if m != "accelerate"] + [("lightning_fabric", "Fabric")] + ([("os", None)] if self.parity else [])
         self.plan.fixes = [fix for fix in self.plan.fixes if fix[1] != "AM801"]
-        self.plan.fixes.append((self.accelerator_anchor, "AM801", "one `Fabric` made and launched here: it joins torchrun's processes (a world of one under plain `python`, devices * num_nodes = WORLD_SIZE) and picks the device"))
+        if self.parity:
+            self.plan.fixes.append((self.accelerator_anchor, "AM801", "one `Fabric` made and launched here: it joins torchrun's processes (a world of one under plain `python`, devices * num_nodes = WORLD_SIZE) and picks the device"))
+        else:
+            self.plan.fixes.append((self.accelerator_anchor, "AM801", "one `Fabric` made and launched here: it joins the processes `fabric run` starts (a world of one under plain `python`) and picks the device; the devices, nodes and the like come from `fabric run`'s options"))
 
     def _write_accelerator(self) -> None:
         mode = self.precision.mode
         if mode and not mode.startswith(tuple(PRECISIONS)):
             raise CannotMigrate(self.accelerator_anchor, "AM821", f"mixed precision chosen as `{mode}`, which fabric cannot write as one `Fabric(precision=...)`: fabric changed nothing; remove the mixed precision by hand, run fabric again, then pass `precision=\"16-mixed\"` to `Fabric(...)`")
-        made, launched = fabric_statements(self.precision.mode, self.cpu)
+        made, launched = fabric_statements(self.precision.mode, self.cpu, self.parity)
         self.plan.before.setdefault(self.accelerator_anchor, [])[0:0] = [statement(made, self.config), statement(launched, self.config)]
+        if not self.parity:
+            self.plan.notes.append((self.accelerator_anchor, "AM834", PER_PROCESS_BATCHES))
         for call in self.shuffled_loaders:
             self.plan.notes.append((call, "AM810", "training DataLoader that shuffles (or has its own sampler): in a world of one it keeps the original's order; on N processes Fabric's DistributedSampler draws another (seeded with 0 and the epoch): a seeded run trains as well, not to the same numbers"))
 
@@ -112,7 +117,7 @@ class FabricPlanner(Planner):
         self.setups = None
         prepared = super()._plan_prepare(steps)
         self._keep_evaluation_whole()
-        for loader in self.training_loaders:
+        for loader in self.training_loaders if self.parity else ():
             self._plan_batch_share(loader.value)
         return prepared
 
@@ -169,6 +174,9 @@ class FabricPlanner(Planner):
             return dotted_name(first.func.value)
         return None
 
+    def _stepped_per_batch(self, scheduler: str, steps) -> bool:
+        return True  # schedulers stay as they are: Fabric has no setup for them (_write_prepare)
+
     def _made_per_epoch(self, name: str, steps) -> bool:
         return False  # set up anew each epoch, its DistributedSampler would start again from epoch 0: one order every epoch
 
@@ -180,13 +188,18 @@ class FabricPlanner(Planner):
         return updated  # Fabric's module answers state_dict and its attributes as the bare module
 
     def _check_returned_loader(self, loader) -> None:
+        if not self.parity:
+            return super()._check_returned_loader(loader)
         raise CannotMigrate(loader.call, "AM829", f"training DataLoader built in another module: each process must load `batch_size // {FABRIC}.world_size`, set where it is built; fabric changed nothing; build it here, or divide its batch size there by hand")
 
     def _check_loader(self, loader) -> None:
         call = loader.value
-        if isinstance(call, cst.Call) and not self.script.is_dataloader(call) and self.script.dataloader_made_by(call) is not None:
+        made_by_a_function = isinstance(call, cst.Call) and not self.script.is_dataloader(call) and self.script.dataloader_made_by(call) is not None
+        if made_by_a_function and self.parity:
             raise CannotMigrate(call, "AM929", f"training DataLoader made by `{code_of(call.func)}`: each process must load `batch_size // {FABRIC}.world_size`, set where it is made; fabric changed nothing; make it here, or divide its batch size there by hand")
         super()._check_loader(loader)
+        if made_by_a_function:
+            return  # by default set up as it comes: each process loads the batch size it was given
         if keyword_arg(call, "batch_sampler") is not None:
             raise CannotMigrate(call, "AM829", "training DataLoader with a `batch_sampler`: Fabric's DistributedSampler cannot share it out; fabric changed nothing; give it a `batch_size` (and a sampler) instead, then run fabric again")
         dataset = keyword_arg(call, "dataset") or (call.args[0] if call.args and call.args[0].keyword is None else None)
